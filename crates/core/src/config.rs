@@ -1,0 +1,458 @@
+//! `model.toml`: one model's backend, weights, device, precision, batching and tensors.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+
+/// The file name of a model's configuration inside its folder.
+pub const MODEL_CONFIG_FILE: &str = "model.toml";
+
+/// Largest `max_batch_size` accepted: far beyond any useful batch, small enough to keep sizes in range.
+pub const MAX_BATCH_SIZE_LIMIT: usize = 1 << 16;
+/// Largest `instances` accepted.
+pub const MAX_INSTANCES: usize = 64;
+
+/// One model, as configured by `<dir>/model.toml`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// The model's name: its folder's name.
+    pub name: String,
+    /// The folder that holds `model.toml`.
+    pub dir: PathBuf,
+    pub backend: Backend,
+    /// The weights file, resolved against `dir`.
+    pub file: PathBuf,
+    pub device: DeviceSpec,
+    /// `None` when `model.toml` does not say; the server's default then applies.
+    pub precision: Option<Precision>,
+    pub instances: usize,
+    pub batching: BatchingConfig,
+    /// Declared inputs; may be empty for ONNX models, whose graph names them.
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+    pub onnx: OnnxOptions,
+    pub candle: Option<CandleOptions>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Onnx,
+    Candle,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Onnx => "onnx",
+            Backend::Candle => "candle",
+        }
+    }
+}
+
+/// Where a model should run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceSpec {
+    /// The first GPU if one is usable, else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    /// GPU `n`: the model fails to load if it cannot run there.
+    Cuda(usize),
+}
+
+impl FromStr for DeviceSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(DeviceSpec::Auto),
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "cuda" => Ok(DeviceSpec::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceSpec::Cuda)
+                .ok_or_else(|| format!("unknown device `{s}` (expected auto, cpu, cuda or cuda:N)")),
+        }
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Auto => f.write_str("auto"),
+            DeviceSpec::Cpu => f.write_str("cpu"),
+            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceSpec {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// The floating-point precision a model computes in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    Fp32,
+    Fp16,
+    Bf16,
+}
+
+impl Precision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Fp16 => "fp16",
+            Precision::Bf16 => "bf16",
+        }
+    }
+
+    /// The tensor data type of this precision.
+    pub fn data_type(self) -> DataType {
+        match self {
+            Precision::Fp32 => DataType::Fp32,
+            Precision::Fp16 => DataType::Fp16,
+            Precision::Bf16 => DataType::Bf16,
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Precision {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fp32" => Ok(Precision::Fp32),
+            "fp16" => Ok(Precision::Fp16),
+            "bf16" => Ok(Precision::Bf16),
+            _ => Err(format!("unknown precision `{s}` (expected fp32, fp16 or bf16)")),
+        }
+    }
+}
+
+/// `[batching]`: how requests are grouped and how much may wait.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BatchingConfig {
+    /// Rows per batch at most.
+    pub max_batch_size: usize,
+    /// Extra wait for a fuller batch; 0 runs whatever is queued as soon as a worker is free.
+    pub max_queue_delay_us: u64,
+    /// Batch sizes to cut at when the queue holds exactly enough rows for one.
+    pub preferred_batch_sizes: Vec<usize>,
+    /// Queued requests before new ones are refused (429).
+    pub max_queue_size: usize,
+    /// Queue deadline in milliseconds; 0 for none. A request may ask for less.
+    pub timeout_ms: u64,
+}
+
+impl Default for BatchingConfig {
+    fn default() -> Self {
+        BatchingConfig {
+            max_batch_size: 64,
+            max_queue_delay_us: 0,
+            preferred_batch_sizes: Vec::new(),
+            max_queue_size: 1024,
+            timeout_ms: 0,
+        }
+    }
+}
+
+/// One input or output: name, data type and shape (`-1` for a variable dimension; a leading `-1` is the batch
+/// dimension).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorSpec {
+    pub name: String,
+    pub datatype: DataType,
+    pub shape: Vec<i64>,
+}
+
+impl TensorSpec {
+    /// The dimensions after the batch dimension.
+    pub fn row_dims(&self) -> &[i64] {
+        self.shape.get(1..).unwrap_or(&[])
+    }
+
+    /// Whether `dims` (a concrete shape, batch dimension included) fits this spec.
+    pub fn accepts(&self, dims: &[usize]) -> bool {
+        dims.len() == self.shape.len()
+            && self.shape.iter().zip(dims).all(|(&want, &got)| want < 0 || usize::try_from(want) == Ok(got))
+    }
+}
+
+/// `[onnx]`: ONNX Runtime options.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OnnxOptions {
+    /// Threads inside one operator; default: the cores present shared among the instances.
+    pub intra_op_threads: Option<usize>,
+    /// Try the TensorRT execution provider before CUDA.
+    pub tensorrt: bool,
+    /// Let TensorRT build FP16 engines (also implied by `precision = "fp16"` with `tensorrt = true`).
+    pub tensorrt_fp16: bool,
+}
+
+/// `[candle]`: the built-in architecture and its hyper-parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CandleOptions {
+    /// The architecture: `mlp`.
+    pub architecture: String,
+    /// `mlp`: the width of each layer, input first (`[64, 128, 10]`).
+    #[serde(default)]
+    pub layers: Vec<usize>,
+    /// `mlp`: one activation after each linear layer (`relu`, `gelu`, `tanh`, `sigmoid` or `none`).
+    #[serde(default)]
+    pub activations: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModelConfig {
+    backend: Backend,
+    file: PathBuf,
+    #[serde(default)]
+    device: DeviceSpec,
+    precision: Option<Precision>,
+    #[serde(default = "one")]
+    instances: usize,
+    #[serde(default)]
+    batching: BatchingConfig,
+    #[serde(default)]
+    input: Vec<TensorSpec>,
+    #[serde(default)]
+    output: Vec<TensorSpec>,
+    #[serde(default)]
+    onnx: OnnxOptions,
+    candle: Option<CandleOptions>,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl ModelConfig {
+    /// Reads `<dir>/model.toml`. The model is named after the folder.
+    pub fn load(dir: &Path) -> Result<ModelConfig> {
+        let path = dir.join(MODEL_CONFIG_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::config(&path, format!("cannot read: {e}")))?;
+        let name = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| Error::config(&path, "the model folder's name is not valid UTF-8"))?;
+        ModelConfig::parse(name, dir, &text)
+    }
+
+    /// Parses the text of `<dir>/model.toml` for the model `name`.
+    pub fn parse(name: &str, dir: &Path, text: &str) -> Result<ModelConfig> {
+        let path = dir.join(MODEL_CONFIG_FILE);
+        let fail = |message: String| Error::config(&path, message);
+        let raw: RawModelConfig = toml::from_str(text).map_err(|e| fail(one_line(&e.to_string())))?;
+        let config = ModelConfig {
+            name: name.to_owned(),
+            dir: dir.to_path_buf(),
+            backend: raw.backend,
+            file: dir.join(&raw.file),
+            device: raw.device,
+            precision: raw.precision,
+            instances: raw.instances,
+            batching: raw.batching,
+            inputs: raw.input,
+            outputs: raw.output,
+            onnx: raw.onnx,
+            candle: raw.candle,
+        };
+        config.validate().map_err(fail)?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.name.is_empty() || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            return Err(format!("model name `{}` (the folder's name) may hold only letters, digits, '-', '_' and '.'", self.name));
+        }
+        if !(1..=MAX_INSTANCES).contains(&self.instances) {
+            return Err(format!("instances: must be between 1 and {MAX_INSTANCES}, got {}", self.instances));
+        }
+        let b = &self.batching;
+        if !(1..=MAX_BATCH_SIZE_LIMIT).contains(&b.max_batch_size) {
+            return Err(format!("batching.max_batch_size: must be between 1 and {MAX_BATCH_SIZE_LIMIT}, got {}", b.max_batch_size));
+        }
+        if b.max_queue_size == 0 {
+            return Err("batching.max_queue_size: must be at least 1".into());
+        }
+        if let Some(bad) = b.preferred_batch_sizes.iter().find(|&&p| p == 0 || p > b.max_batch_size) {
+            return Err(format!(
+                "batching.preferred_batch_sizes: {bad} is not between 1 and max_batch_size ({})",
+                b.max_batch_size
+            ));
+        }
+        if b.max_queue_delay_us > 60_000_000 {
+            return Err("batching.max_queue_delay_us: at most 60 s (60000000)".into());
+        }
+        for (table, specs) in [("input", &self.inputs), ("output", &self.outputs)] {
+            for (i, spec) in specs.iter().enumerate() {
+                if spec.name.is_empty() {
+                    return Err(format!("{table}[{i}].name: must not be empty"));
+                }
+                if specs[..i].iter().any(|s| s.name == spec.name) {
+                    return Err(format!("{table}[{i}].name: `{}` is declared twice", spec.name));
+                }
+                if spec.shape.first() != Some(&-1) {
+                    return Err(format!("{table}[{i}].shape: must start with -1, the batch dimension"));
+                }
+                if let Some(bad) = spec.shape.iter().find(|&&d| d == 0 || d < -1) {
+                    return Err(format!("{table}[{i}].shape: {bad} is not a dimension (use -1 for a variable one)"));
+                }
+            }
+        }
+        match (self.backend, &self.candle) {
+            (Backend::Candle, None) => return Err("candle: a candle model needs a [candle] table naming its architecture".into()),
+            (Backend::Onnx, Some(_)) => return Err("candle: only a candle model takes a [candle] table".into()),
+            _ => {}
+        }
+        if self.onnx != OnnxOptions::default() && self.backend != Backend::Onnx {
+            return Err("onnx: only an onnx model takes an [onnx] table".into());
+        }
+        if self.onnx.intra_op_threads == Some(0) {
+            return Err("onnx.intra_op_threads: must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// toml's messages span several lines (a snippet of the file); logs and errors want one.
+fn one_line(message: &str) -> String {
+    message.split('\n').map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('|')).collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ModelConfig> {
+        ModelConfig::parse("m", Path::new("/models/m"), text)
+    }
+
+    #[test]
+    fn a_minimal_onnx_model_takes_the_defaults() {
+        let c = parse("backend = \"onnx\"\nfile = \"model.onnx\"\n").expect("valid");
+        assert_eq!(c.backend, Backend::Onnx);
+        assert_eq!(c.file, Path::new("/models/m/model.onnx"));
+        assert_eq!(c.device, DeviceSpec::Auto);
+        assert_eq!(c.precision, None);
+        assert_eq!(c.instances, 1);
+        assert_eq!(c.batching, BatchingConfig::default());
+        assert!(c.inputs.is_empty());
+    }
+
+    #[test]
+    fn every_field_is_read() {
+        let c = parse(
+            r#"
+            backend = "candle"
+            file = "w.safetensors"
+            device = "cuda:1"
+            precision = "bf16"
+            instances = 2
+            [batching]
+            max_batch_size = 32
+            max_queue_delay_us = 500
+            preferred_batch_sizes = [8, 16]
+            max_queue_size = 10
+            timeout_ms = 250
+            [candle]
+            architecture = "mlp"
+            layers = [4, 3]
+            activations = ["none"]
+            [[input]]
+            name = "x"
+            datatype = "FP16"
+            shape = [-1, 4]
+            [[output]]
+            name = "y"
+            datatype = "FP32"
+            shape = [-1, 3]
+            "#,
+        )
+        .expect("valid");
+        assert_eq!(c.device, DeviceSpec::Cuda(1));
+        assert_eq!(c.precision, Some(Precision::Bf16));
+        assert_eq!(c.instances, 2);
+        assert_eq!(c.batching.preferred_batch_sizes, vec![8, 16]);
+        assert_eq!(c.batching.timeout_ms, 250);
+        assert_eq!(c.inputs[0].datatype, DataType::Fp16);
+        assert_eq!(c.outputs[0].shape, vec![-1, 3]);
+        assert_eq!(c.candle.as_ref().map(|c| c.layers.clone()), Some(vec![4, 3]));
+    }
+
+    fn error_of(text: &str) -> String {
+        parse(text).expect_err("invalid").to_string()
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_field() {
+        let base = "backend = \"onnx\"\nfile = \"m.onnx\"\n";
+        let cases = [
+            (format!("{base}device = \"gpu\""), "unknown device `gpu`"),
+            (format!("{base}precision = \"fp8\""), "precision"),
+            (format!("{base}instances = 0"), "instances: must be between 1"),
+            (format!("{base}[batching]\nmax_batch_size = 0"), "batching.max_batch_size"),
+            (format!("{base}[batching]\nmax_queue_size = 0"), "batching.max_queue_size"),
+            (format!("{base}[batching]\npreferred_batch_sizes = [128]"), "batching.preferred_batch_sizes: 128"),
+            (format!("{base}[batching]\nmax_batch_sise = 3"), "max_batch_sise"),
+            (format!("{base}[[input]]\nname = \"x\"\ndatatype = \"FLOAT\"\nshape = [-1]"), "unknown datatype `FLOAT`"),
+            (format!("{base}[[input]]\nname = \"x\"\ndatatype = \"FP32\"\nshape = [1, 4]"), "input[0].shape: must start with -1"),
+            (format!("{base}[[input]]\nname = \"x\"\ndatatype = \"FP32\"\nshape = [-1, 0]"), "input[0].shape: 0"),
+            (format!("{base}[candle]\narchitecture = \"mlp\""), "candle: only a candle model"),
+            ("backend = \"candle\"\nfile = \"w\"".to_owned(), "needs a [candle] table"),
+            ("backend = \"tf\"\nfile = \"w\"".to_owned(), "backend"),
+            ("file = \"w\"".to_owned(), "missing field `backend`"),
+        ];
+        for (text, expected) in cases {
+            let err = error_of(&text);
+            assert!(err.starts_with("/models/m/model.toml: "), "{err}");
+            assert!(err.contains(expected), "{text:?}: expected {expected:?} in {err:?}");
+            assert!(!err.contains('\n'), "one line: {err:?}");
+        }
+    }
+
+    #[test]
+    fn load_reads_the_folder_and_names_the_model_after_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let model_dir = dir.path().join("resnet-50");
+        std::fs::create_dir(&model_dir).expect("mkdir");
+        let err = ModelConfig::load(&model_dir).expect_err("no model.toml yet").to_string();
+        assert!(err.contains("model.toml: cannot read"), "{err}");
+        std::fs::write(model_dir.join(MODEL_CONFIG_FILE), "backend = \"onnx\"\nfile = \"model.onnx\"\n").expect("write");
+        let c = ModelConfig::load(&model_dir).expect("valid");
+        assert_eq!(c.name, "resnet-50");
+        assert_eq!(c.file, model_dir.join("model.onnx"));
+    }
+
+    #[test]
+    fn tensor_spec_accepts_matching_shapes() {
+        let spec = TensorSpec { name: "x".into(), datatype: DataType::Fp32, shape: vec![-1, 64] };
+        assert!(spec.accepts(&[3, 64]));
+        assert!(!spec.accepts(&[3, 63]));
+        assert!(!spec.accepts(&[3, 64, 1]));
+        assert_eq!(spec.row_dims(), &[64]);
+    }
+}

@@ -1,0 +1,48 @@
+//! The synchronous `Engine` trait every backend implements, and what an engine says about its model.
+
+use crate::config::{Precision, TensorSpec};
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+/// What a loaded model takes and gives, and where it runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelMetadata {
+    /// Inputs in the order [`Engine::run`] takes them.
+    pub inputs: Vec<TensorSpec>,
+    /// Outputs in the order [`Engine::run`] returns them.
+    pub outputs: Vec<TensorSpec>,
+    /// Where it runs: `cpu` or `cuda:N`.
+    pub device: String,
+    pub precision: Precision,
+    /// The engine, in Triton's words: `onnxruntime_onnx` or `candle`.
+    pub platform: &'static str,
+}
+
+impl ModelMetadata {
+    /// Inputs of `rows` rows with every variable non-batch dimension set to 1: what warm-up runs.
+    pub fn warm_up_inputs(&self, rows: usize) -> Result<Vec<Tensor>> {
+        self.inputs
+            .iter()
+            .map(|spec| {
+                let shape = std::iter::once(rows)
+                    .chain(spec.row_dims().iter().map(|&d| usize::try_from(d).unwrap_or(1)))
+                    .collect();
+                Tensor::zeros(spec.datatype, shape)
+            })
+            .collect()
+    }
+
+    pub fn on_gpu(&self) -> bool {
+        self.device.starts_with("cuda")
+    }
+}
+
+/// A loaded model that runs batches. Engines are synchronous: each one is owned by one worker thread, which
+/// is why `run` may take `&mut self` and need not be `Sync`.
+pub trait Engine: Send {
+    fn metadata(&self) -> &ModelMetadata;
+
+    /// Runs one batch. `inputs` follow `metadata().inputs` in order, share their row count along dim 0, and fit
+    /// their specs; the result follows `metadata().outputs`, each with the same row count.
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>>;
+}

@@ -1,0 +1,20 @@
+//! inferd-core: tensors, data types, model configuration and the `Engine` trait that every other inferd crate
+//! builds on. It knows nothing of HTTP, async runtimes or any particular engine.
+
+mod config;
+mod dtype;
+mod engine;
+mod error;
+mod tensor;
+
+pub use config::{
+    Backend, BatchingConfig, CandleOptions, DeviceSpec, ModelConfig, OnnxOptions, Precision, TensorSpec, MAX_BATCH_SIZE_LIMIT,
+    MAX_INSTANCES, MODEL_CONFIG_FILE,
+};
+pub use dtype::{DataType, Element, UnknownDataType};
+pub use engine::{Engine, ModelMetadata};
+pub use error::{Error, Result};
+pub use tensor::{element_count, Tensor, TensorData};
+
+/// Re-exported for [`with_element_type!`] and for the engines' FP16/BF16 data.
+pub use half;

@@ -1,0 +1,279 @@
+//! A typed, row-major tensor backed by little-endian bytes, with whole-row concat and split along dim 0.
+
+use crate::dtype::{DataType, Element};
+use crate::error::{Error, Result};
+
+/// A tensor: data type, concrete shape, and its elements in row-major order.
+///
+/// Fixed-size types keep their elements as little-endian bytes; `BYTES` keeps one byte string per element.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    dtype: DataType,
+    shape: Vec<usize>,
+    data: TensorData,
+}
+
+/// The storage of a [`Tensor`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum TensorData {
+    /// Little-endian elements of a fixed-size data type.
+    Fixed(Vec<u8>),
+    /// One byte string per element (`BYTES`).
+    Bytes(Vec<Vec<u8>>),
+}
+
+/// The number of elements of `shape`, or an error if it overflows `usize`.
+pub fn element_count(shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| Error::InvalidInput(format!("shape {shape:?} has more elements than this machine can address")))
+}
+
+impl Tensor {
+    /// A tensor of a fixed-size type from its little-endian bytes; the length must match the shape.
+    pub fn new(dtype: DataType, shape: Vec<usize>, data: Vec<u8>) -> Result<Self> {
+        let Some(size) = dtype.size() else {
+            return Err(Error::InvalidInput("BYTES tensors are built with Tensor::from_byte_strings".into()));
+        };
+        let expected = element_count(&shape)?
+            .checked_mul(size)
+            .ok_or_else(|| Error::InvalidInput(format!("shape {shape:?} is too large")))?;
+        if data.len() != expected {
+            return Err(Error::InvalidInput(format!(
+                "{dtype} tensor of shape {shape:?} needs {expected} bytes, got {}",
+                data.len()
+            )));
+        }
+        Ok(Tensor { dtype, shape, data: TensorData::Fixed(data) })
+    }
+
+    /// A `BYTES` tensor from one byte string per element.
+    pub fn from_byte_strings(shape: Vec<usize>, elements: Vec<Vec<u8>>) -> Result<Self> {
+        let expected = element_count(&shape)?;
+        if elements.len() != expected {
+            return Err(Error::InvalidInput(format!(
+                "BYTES tensor of shape {shape:?} needs {expected} elements, got {}",
+                elements.len()
+            )));
+        }
+        Ok(Tensor { dtype: DataType::Bytes, shape, data: TensorData::Bytes(elements) })
+    }
+
+    /// A tensor from typed elements.
+    pub fn from_slice<T: Element>(shape: Vec<usize>, values: &[T]) -> Result<Self> {
+        let mut data = Vec::with_capacity(values.len() * T::SIZE);
+        for &v in values {
+            v.put(&mut data);
+        }
+        Tensor::new(T::DTYPE, shape, data)
+    }
+
+    /// A tensor of zeros (empty strings for `BYTES`).
+    pub fn zeros(dtype: DataType, shape: Vec<usize>) -> Result<Self> {
+        let count = element_count(&shape)?;
+        match dtype.size() {
+            Some(size) => {
+                let bytes = count
+                    .checked_mul(size)
+                    .ok_or_else(|| Error::InvalidInput(format!("shape {shape:?} is too large")))?;
+                Tensor::new(dtype, shape, vec![0; bytes])
+            }
+            None => Tensor::from_byte_strings(shape, vec![Vec::new(); count]),
+        }
+    }
+
+    pub fn dtype(&self) -> DataType {
+        self.dtype
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn data(&self) -> &TensorData {
+        &self.data
+    }
+
+    /// The little-endian bytes of a fixed-size tensor; `None` for `BYTES`.
+    pub fn raw_bytes(&self) -> Option<&[u8]> {
+        match &self.data {
+            TensorData::Fixed(bytes) => Some(bytes),
+            TensorData::Bytes(_) => None,
+        }
+    }
+
+    /// The byte strings of a `BYTES` tensor; `None` for fixed-size types.
+    pub fn byte_strings(&self) -> Option<&[Vec<u8>]> {
+        match &self.data {
+            TensorData::Bytes(elements) => Some(elements),
+            TensorData::Fixed(_) => None,
+        }
+    }
+
+    pub fn element_count(&self) -> usize {
+        // The constructors checked that the count fits.
+        self.shape.iter().product()
+    }
+
+    /// Rows along dim 0 (the batch dimension); 1 for a scalar.
+    pub fn rows(&self) -> usize {
+        self.shape.first().copied().unwrap_or(1)
+    }
+
+    /// Elements in one row: the product of the non-batch dimensions.
+    fn row_elements(&self) -> usize {
+        self.shape.iter().skip(1).product()
+    }
+
+    /// The elements as `T`, which must be this tensor's element type.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        match &self.data {
+            TensorData::Fixed(bytes) if self.dtype == T::DTYPE => Ok(bytes.chunks_exact(T::SIZE).map(T::get).collect()),
+            _ => Err(Error::InvalidInput(format!("tensor is {}, not {}", self.dtype, T::DTYPE))),
+        }
+    }
+
+    /// Joins tensors along dim 0, copying whole rows. Every part must have the same data type and the same
+    /// non-batch dimensions.
+    pub fn concat_rows(parts: &[&Tensor]) -> Result<Tensor> {
+        let Some(first) = parts.first() else {
+            return Err(Error::InvalidInput("nothing to concatenate".into()));
+        };
+        if first.shape.is_empty() {
+            return Err(Error::InvalidInput("scalars have no rows to concatenate".into()));
+        }
+        let mut rows = 0usize;
+        for part in parts {
+            if part.dtype != first.dtype || part.shape.get(1..) != first.shape.get(1..) {
+                return Err(Error::InvalidInput(format!(
+                    "cannot concatenate {} {:?} with {} {:?}",
+                    first.dtype, first.shape, part.dtype, part.shape
+                )));
+            }
+            rows += part.rows();
+        }
+        let mut shape = first.shape.clone();
+        shape[0] = rows;
+        let data = match &first.data {
+            TensorData::Fixed(_) => {
+                let total: usize = parts.iter().filter_map(|p| p.raw_bytes()).map(<[u8]>::len).sum();
+                let mut out = Vec::with_capacity(total);
+                for part in parts.iter().filter_map(|p| p.raw_bytes()) {
+                    out.extend_from_slice(part);
+                }
+                TensorData::Fixed(out)
+            }
+            TensorData::Bytes(_) => {
+                let mut out = Vec::with_capacity(parts.iter().map(|p| p.element_count()).sum());
+                for part in parts.iter().filter_map(|p| p.byte_strings()) {
+                    out.extend_from_slice(part);
+                }
+                TensorData::Bytes(out)
+            }
+        };
+        Ok(Tensor { dtype: first.dtype, shape, data })
+    }
+
+    /// Splits along dim 0 into consecutive pieces of `counts` rows each, copying whole rows. The counts must add
+    /// up to the number of rows.
+    pub fn split_rows(&self, counts: &[usize]) -> Result<Vec<Tensor>> {
+        if self.shape.is_empty() {
+            return Err(Error::InvalidInput("a scalar has no rows to split".into()));
+        }
+        let total: usize = counts.iter().sum();
+        if total != self.rows() {
+            return Err(Error::InvalidInput(format!(
+                "cannot split {} rows into pieces of {counts:?} rows",
+                self.rows()
+            )));
+        }
+        let row_elements = self.row_elements();
+        let mut start = 0usize;
+        let mut pieces = Vec::with_capacity(counts.len());
+        for &rows in counts {
+            let mut shape = self.shape.clone();
+            shape[0] = rows;
+            let (from, to) = (start * row_elements, (start + rows) * row_elements);
+            let data = match &self.data {
+                TensorData::Fixed(bytes) => {
+                    // Fixed-size data always has a size; `new` refused anything else.
+                    let size = self.dtype.size().unwrap_or(1);
+                    TensorData::Fixed(bytes[from * size..to * size].to_vec())
+                }
+                TensorData::Bytes(elements) => TensorData::Bytes(elements[from..to].to_vec()),
+            };
+            pieces.push(Tensor { dtype: self.dtype, shape, data });
+            start += rows;
+        }
+        Ok(pieces)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn iota(rows: usize, cols: usize, offset: f32) -> Tensor {
+        let values: Vec<f32> = (0..rows * cols).map(|i| i as f32 + offset).collect();
+        Tensor::from_slice(vec![rows, cols], &values).expect("valid tensor")
+    }
+
+    #[test]
+    fn new_checks_the_byte_length_against_the_shape() {
+        assert!(Tensor::new(DataType::Fp32, vec![2, 3], vec![0; 24]).is_ok());
+        let err = Tensor::new(DataType::Fp32, vec![2, 3], vec![0; 23]).unwrap_err();
+        assert!(err.to_string().contains("needs 24 bytes, got 23"), "{err}");
+        let err = Tensor::new(DataType::Fp32, vec![usize::MAX, 2], vec![]).unwrap_err();
+        assert!(err.to_string().contains("more elements"), "{err}");
+    }
+
+    #[test]
+    fn concat_then_split_restores_the_parts() {
+        let a = iota(1, 3, 0.0);
+        let b = iota(2, 3, 100.0);
+        let c = iota(3, 3, 200.0);
+        let joined = Tensor::concat_rows(&[&a, &b, &c]).expect("same trailing dims");
+        assert_eq!(joined.shape(), &[6, 3]);
+        let values = joined.to_vec::<f32>().expect("fp32");
+        assert_eq!(&values[..6], &[0.0, 1.0, 2.0, 100.0, 101.0, 102.0]);
+        assert_eq!(values[17], 208.0);
+        let parts = joined.split_rows(&[1, 2, 3]).expect("counts add up");
+        assert_eq!(parts, vec![a, b, c]);
+    }
+
+    #[test]
+    fn concat_refuses_mismatched_parts() {
+        let a = iota(1, 3, 0.0);
+        let b = iota(1, 4, 0.0);
+        assert!(Tensor::concat_rows(&[&a, &b]).is_err());
+        let c = Tensor::from_slice(vec![1, 3], &[1i32, 2, 3]).expect("valid");
+        assert!(Tensor::concat_rows(&[&a, &c]).is_err());
+        assert!(Tensor::concat_rows(&[]).is_err());
+    }
+
+    #[test]
+    fn split_refuses_counts_that_do_not_add_up() {
+        let t = iota(3, 2, 0.0);
+        assert!(t.split_rows(&[1, 1]).is_err());
+        assert!(t.split_rows(&[2, 2]).is_err());
+        assert_eq!(t.split_rows(&[0, 3]).expect("zero-row piece").first().map(Tensor::rows), Some(0));
+    }
+
+    #[test]
+    fn byte_string_tensors_concat_and_split_by_rows() {
+        let a = Tensor::from_byte_strings(vec![1, 2], vec![b"a".to_vec(), b"bc".to_vec()]).expect("valid");
+        let b = Tensor::from_byte_strings(vec![1, 2], vec![b"".to_vec(), b"def".to_vec()]).expect("valid");
+        let joined = Tensor::concat_rows(&[&a, &b]).expect("same dims");
+        assert_eq!(joined.shape(), &[2, 2]);
+        assert_eq!(joined.byte_strings().map(<[Vec<u8>]>::len), Some(4));
+        assert_eq!(joined.split_rows(&[1, 1]).expect("valid"), vec![a, b]);
+    }
+
+    #[test]
+    fn to_vec_checks_the_type() {
+        let t = iota(1, 2, 0.0);
+        assert!(t.to_vec::<i32>().is_err());
+        assert_eq!(t.to_vec::<f32>().expect("fp32"), vec![0.0, 1.0]);
+    }
+}
