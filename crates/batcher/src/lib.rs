@@ -1,1 +1,575 @@
-//! placeholder
+//! inferd-batcher: admission into a bounded per-model queue, dynamic batching, and the worker threads that own
+//! the engines.
+//!
+//! One model is one [`Batcher`]: a cheap `Clone` handle for async code, a scheduler thread that cuts batches with
+//! [`policy::decide`], and one worker thread per engine instance. Requests come back on `oneshot` channels, so a
+//! handler that goes away (its client disconnected) leaves a closed channel behind, and the request is dropped
+//! before it costs compute.
+
+pub mod policy;
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use inferd_core::{BatchingConfig, DataType, Engine, ModelMetadata, Tensor};
+use tokio::sync::oneshot;
+
+use crate::policy::{decide, Candidate, Decision, Policy};
+
+/// One request: inputs in the order of the model's metadata, all with the same rows along dim 0.
+#[derive(Debug)]
+pub struct InferRequest {
+    pub inputs: Vec<Tensor>,
+    /// The latest instant the request may start running; it is answered [`BatchError::DeadlineExceeded`] after.
+    pub deadline: Option<Instant>,
+}
+
+/// The answer to one request.
+#[derive(Debug)]
+pub struct InferResponse {
+    /// Outputs in the order of the model's metadata, with the request's rows.
+    pub outputs: Vec<Tensor>,
+    /// Rows in the largest batch that served this request (its own rows included).
+    pub batch_rows: usize,
+    /// Time spent queued before the batch started (the longest, for a split request).
+    pub queue_time: Duration,
+    /// Time the engine spent on the batch(es) that served this request.
+    pub compute_time: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BatchError {
+    /// The model's queue holds `max_queue_size` requests already.
+    #[error("the queue of model `{model}` is full ({max_queue_size} requests); retry later")]
+    QueueFull { model: String, max_queue_size: usize },
+    /// The model no longer takes requests (the server is shutting down).
+    #[error("model `{0}` is not taking requests: the server is shutting down")]
+    Unavailable(String),
+    /// The request's deadline passed while it was queued.
+    #[error("the request waited in the queue past its deadline")]
+    DeadlineExceeded,
+    /// The request does not fit the model.
+    #[error("{0}")]
+    InvalidInput(String),
+    /// The engine failed (or panicked) on the batch that held this request.
+    #[error("{0}")]
+    Engine(String),
+}
+
+/// Counters since start-up.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub requests: AtomicU64,
+    pub batches: AtomicU64,
+    pub rows: AtomicU64,
+    pub failed_batches: AtomicU64,
+}
+
+/// The handle to one model's queue and workers. Cloning is cheap; when the last clone is dropped the threads
+/// finish what is queued and exit.
+#[derive(Clone)]
+pub struct Batcher {
+    shared: Arc<Shared>,
+    /// Stops the threads when the last handle goes; the threads themselves hold only `shared`.
+    _stop_on_drop: Arc<StopOnDrop>,
+}
+
+impl std::fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher").field("model", &self.shared.name).finish_non_exhaustive()
+    }
+}
+
+/// State shared by the handles, the scheduler thread and the worker threads.
+struct Shared {
+    name: String,
+    metadata: ModelMetadata,
+    policy: Policy,
+    max_queue_size: usize,
+    /// The model's own queue deadline (`timeout_ms`), if any.
+    timeout: Option<Duration>,
+    instances: usize,
+    state: Mutex<State>,
+    /// Wakes the scheduler: a request arrived, a worker took a batch, or the mode changed.
+    scheduler_wake: Condvar,
+    /// Wakes the workers: a batch is ready, or the threads are stopping.
+    worker_wake: Condvar,
+    /// Wakes `stop`: a thread exited.
+    exited: Condvar,
+    stats: Stats,
+}
+
+struct State {
+    /// Requests not yet in a batch, in arrival order.
+    queue: VecDeque<Pending>,
+    /// Batches cut and waiting for a worker: at most one per worker, so the next batch forms while one runs.
+    ready: VecDeque<Vec<Pending>>,
+    /// Requests inside `ready`.
+    ready_requests: usize,
+    /// Draining: cut batches without waiting for a fuller one.
+    flush: bool,
+    /// No new requests; threads exit once the queue and `ready` are empty.
+    stopping: bool,
+    live_threads: usize,
+}
+
+/// A queued request (or one piece of a split one).
+struct Pending {
+    inputs: Vec<Tensor>,
+    rows: usize,
+    /// Data types and non-batch dimensions: requests batch only with equal keys.
+    key: Vec<(DataType, Vec<usize>)>,
+    enqueued_at: Instant,
+    deadline: Option<Instant>,
+    reply: oneshot::Sender<Result<InferResponse, BatchError>>,
+}
+
+impl Pending {
+    /// True when nobody waits for the answer any more.
+    fn abandoned(&self) -> bool {
+        self.reply.is_closed()
+    }
+
+    fn expired(&self, now: Instant) -> bool {
+        self.deadline.is_some_and(|d| d <= now)
+    }
+}
+
+struct StopOnDrop(Arc<Shared>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.begin_stop();
+    }
+}
+
+fn lock(mutex: &Mutex<State>) -> MutexGuard<'_, State> {
+    // A panic while holding the lock cannot leave `State` half-updated in a way that matters more than
+    // stopping service would; keep serving.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Batcher {
+    /// Starts the scheduler and one worker thread per engine. The engines are loaded (and warmed) already;
+    /// `metadata` is theirs.
+    pub fn start(name: &str, config: &BatchingConfig, engines: Vec<Box<dyn Engine>>) -> std::io::Result<Batcher> {
+        let Some(first) = engines.first() else {
+            return Err(std::io::Error::other(format!("model `{name}`: no engine instance to run")));
+        };
+        let shared = Arc::new(Shared {
+            name: name.to_owned(),
+            metadata: first.metadata().clone(),
+            policy: Policy::from_config(config),
+            max_queue_size: config.max_queue_size,
+            timeout: (config.timeout_ms > 0).then(|| Duration::from_millis(config.timeout_ms)),
+            instances: engines.len(),
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                ready: VecDeque::new(),
+                ready_requests: 0,
+                flush: false,
+                stopping: false,
+                live_threads: 0,
+            }),
+            scheduler_wake: Condvar::new(),
+            worker_wake: Condvar::new(),
+            exited: Condvar::new(),
+            stats: Stats::default(),
+        });
+        let batcher = Batcher { shared: shared.clone(), _stop_on_drop: Arc::new(StopOnDrop(shared.clone())) };
+        let spawn = |thread_name: String, body: Box<dyn FnOnce() + Send>| -> std::io::Result<()> {
+            lock(&shared.state).live_threads += 1;
+            let s = shared.clone();
+            let spawned = thread::Builder::new().name(thread_name).spawn(move || {
+                body();
+                let mut state = lock(&s.state);
+                state.live_threads -= 1;
+                s.exited.notify_all();
+            });
+            if spawned.is_err() {
+                lock(&shared.state).live_threads -= 1;
+            }
+            spawned.map(drop)
+        };
+        let s = shared.clone();
+        spawn(format!("inferd-sched-{name}"), Box::new(move || s.schedule()))?;
+        for (i, engine) in engines.into_iter().enumerate() {
+            let s = shared.clone();
+            spawn(format!("inferd-{name}-{i}"), Box::new(move || s.work(engine)))?;
+        }
+        Ok(batcher)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    pub fn metadata(&self) -> &ModelMetadata {
+        &self.shared.metadata
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.shared.stats
+    }
+
+    /// Requests waiting for a worker (queued, or in a batch that has not started).
+    pub fn queue_depth(&self) -> usize {
+        let state = lock(&self.shared.state);
+        state.queue.len() + state.ready_requests
+    }
+
+    /// Queues a request and waits for its answer. A request with more rows than `max_batch_size` is split into
+    /// pieces that are batched separately; their outputs are put back together in order.
+    pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, BatchError> {
+        let shared = &self.shared;
+        let rows = shared.check(&request.inputs)?;
+        let max = shared.policy.max_batch_size;
+        let pieces: Vec<Vec<Tensor>> = if rows <= max {
+            vec![request.inputs]
+        } else {
+            let counts = piece_rows(rows, max);
+            let mut split: Vec<Vec<Tensor>> = counts.iter().map(|_| Vec::with_capacity(request.inputs.len())).collect();
+            for input in &request.inputs {
+                let parts = input.split_rows(&counts).map_err(|e| BatchError::InvalidInput(e.to_string()))?;
+                for (piece, part) in split.iter_mut().zip(parts) {
+                    piece.push(part);
+                }
+            }
+            split
+        };
+        let now = Instant::now();
+        let deadline = match (request.deadline, shared.timeout.map(|t| now + t)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let receivers = {
+            let mut state = lock(&shared.state);
+            if state.stopping {
+                return Err(BatchError::Unavailable(shared.name.clone()));
+            }
+            if state.queue.len() + state.ready_requests + pieces.len() > shared.max_queue_size {
+                return Err(BatchError::QueueFull { model: shared.name.clone(), max_queue_size: shared.max_queue_size });
+            }
+            let receivers: Vec<_> = pieces
+                .into_iter()
+                .map(|inputs| {
+                    let (reply, rx) = oneshot::channel();
+                    let key = inputs.iter().map(|t| (t.dtype(), t.shape()[1..].to_vec())).collect();
+                    let rows = inputs[0].rows();
+                    state.queue.push_back(Pending { inputs, rows, key, enqueued_at: now, deadline, reply });
+                    rx
+                })
+                .collect();
+            shared.stats.requests.fetch_add(1, Ordering::Relaxed);
+            receivers
+        };
+        shared.scheduler_wake.notify_one();
+
+        let mut answers = Vec::with_capacity(receivers.len());
+        for rx in receivers {
+            // A dropped sender means a worker went away without answering: a bug, reported as an engine error.
+            let answer = rx.await.unwrap_or_else(|_| Err(BatchError::Engine("the worker stopped without answering".into())))?;
+            answers.push(answer);
+        }
+        if answers.len() == 1 {
+            return answers.pop().ok_or_else(|| BatchError::Engine("no answer".into()));
+        }
+        let outputs = (0..shared.metadata.outputs.len())
+            .map(|i| {
+                let parts: Vec<&Tensor> = answers.iter().filter_map(|a| a.outputs.get(i)).collect();
+                Tensor::concat_rows(&parts).map_err(|e| BatchError::Engine(format!("reassembling a split request: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(InferResponse {
+            outputs,
+            batch_rows: answers.iter().map(|a| a.batch_rows).max().unwrap_or(0),
+            queue_time: answers.iter().map(|a| a.queue_time).max().unwrap_or_default(),
+            compute_time: answers.iter().map(|a| a.compute_time).sum(),
+        })
+    }
+
+    /// Draining: from now on batches are cut without waiting for a fuller one. Requests are still taken.
+    pub fn flush(&self) {
+        lock(&self.shared.state).flush = true;
+        self.shared.scheduler_wake.notify_all();
+    }
+
+    /// Stops taking requests, lets the workers finish what is queued for up to `timeout`, then answers whatever
+    /// is still queued with [`BatchError::Unavailable`]. Returns true if every thread finished in time. Blocks:
+    /// call it from a blocking context.
+    pub fn stop(&self, timeout: Duration) -> bool {
+        let shared = &self.shared;
+        shared.begin_stop();
+        let give_up = Instant::now() + timeout;
+        let mut state = lock(&shared.state);
+        while state.live_threads > 0 {
+            let now = Instant::now();
+            if now >= give_up {
+                let mut left: Vec<Pending> = state.queue.drain(..).collect();
+                left.extend(state.ready.drain(..).flatten());
+                state.ready_requests = 0;
+                drop(state);
+                for p in left {
+                    let _ = p.reply.send(Err(BatchError::Unavailable(shared.name.clone())));
+                }
+                return false;
+            }
+            state = shared.exited.wait_timeout(state, give_up - now).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        true
+    }
+}
+
+/// Splits `rows` into pieces of at most `max` rows.
+fn piece_rows(rows: usize, max: usize) -> Vec<usize> {
+    let mut counts = vec![max; rows / max];
+    if rows % max != 0 {
+        counts.push(rows % max);
+    }
+    counts
+}
+
+impl Shared {
+    /// Checks a request against the model's inputs; returns its rows.
+    fn check(&self, inputs: &[Tensor]) -> Result<usize, BatchError> {
+        let specs = &self.metadata.inputs;
+        if inputs.len() != specs.len() {
+            return Err(BatchError::InvalidInput(format!(
+                "model `{}` takes {} input(s), got {}",
+                self.name,
+                specs.len(),
+                inputs.len()
+            )));
+        }
+        let rows = inputs.first().map_or(0, Tensor::rows);
+        for (spec, t) in specs.iter().zip(inputs) {
+            if t.dtype() != spec.datatype || !spec.accepts(t.shape()) {
+                return Err(BatchError::InvalidInput(format!(
+                    "input `{}`: expected {} {:?}, got {} {:?}",
+                    spec.name,
+                    spec.datatype,
+                    spec.shape,
+                    t.dtype(),
+                    t.shape()
+                )));
+            }
+            if t.rows() != rows {
+                return Err(BatchError::InvalidInput(format!(
+                    "input `{}` has {} rows but the first input has {rows}: every input needs the same rows",
+                    spec.name,
+                    t.rows()
+                )));
+            }
+        }
+        if rows == 0 {
+            return Err(BatchError::InvalidInput("the request has no rows".into()));
+        }
+        Ok(rows)
+    }
+
+    fn begin_stop(&self) {
+        let mut state = lock(&self.state);
+        state.stopping = true;
+        state.flush = true;
+        drop(state);
+        self.scheduler_wake.notify_all();
+        self.worker_wake.notify_all();
+    }
+
+    /// The scheduler thread: cuts batches whenever a worker slot is free.
+    fn schedule(&self) {
+        let mut state = lock(&self.state);
+        loop {
+            let now = Instant::now();
+            // Deadlines fire on time, also for requests in a batch that waits for a busy worker.
+            drop_dead_requests(&mut state.queue, now);
+            for batch in state.ready.iter_mut() {
+                drop_dead_requests(batch, now);
+            }
+            state.ready.retain(|batch| !batch.is_empty());
+            state.ready_requests = state.ready.iter().map(Vec::len).sum();
+            if state.stopping && state.queue.is_empty() {
+                break;
+            }
+            let mut wake_at = state.queue.iter().chain(state.ready.iter().flatten()).filter_map(|p| p.deadline).min();
+            if state.ready.len() < self.instances {
+                let candidates: Vec<Candidate<&[(DataType, Vec<usize>)]>> = state
+                    .queue
+                    .iter()
+                    .map(|p| Candidate { rows: p.rows, key: p.key.as_slice(), enqueued_at: p.enqueued_at })
+                    .collect();
+                match decide(&candidates, &self.policy, now, state.flush) {
+                    Decision::Run { positions, rows, reason } => {
+                        drop(candidates);
+                        let batch = take_positions(&mut state.queue, &positions);
+                        tracing::trace!(model = %self.name, rows, requests = batch.len(), ?reason, "batch cut");
+                        state.ready_requests += batch.len();
+                        state.ready.push_back(batch);
+                        self.worker_wake.notify_one();
+                        continue;
+                    }
+                    Decision::WaitUntil(t) => wake_at = Some(wake_at.map_or(t, |w| w.min(t))),
+                    Decision::Idle => {}
+                }
+            }
+            state = match wake_at {
+                Some(t) => {
+                    let wait = t.saturating_duration_since(now);
+                    self.scheduler_wake.wait_timeout(state, wait).unwrap_or_else(PoisonError::into_inner).0
+                }
+                None => self.scheduler_wake.wait(state).unwrap_or_else(PoisonError::into_inner),
+            };
+        }
+        drop(state);
+        self.worker_wake.notify_all();
+    }
+
+    /// A worker thread: owns one engine and runs the batches the scheduler cuts.
+    fn work(&self, mut engine: Box<dyn Engine>) {
+        loop {
+            let batch = {
+                let mut state = lock(&self.state);
+                loop {
+                    if let Some(batch) = state.ready.pop_front() {
+                        state.ready_requests -= batch.len();
+                        break batch;
+                    }
+                    if state.stopping && state.queue.is_empty() {
+                        return;
+                    }
+                    state = self.worker_wake.wait(state).unwrap_or_else(PoisonError::into_inner);
+                }
+            };
+            // A slot is free: the scheduler may cut the next batch while this one runs.
+            self.scheduler_wake.notify_one();
+            self.run_batch(engine.as_mut(), batch);
+        }
+    }
+
+    fn run_batch(&self, engine: &mut dyn Engine, mut batch: Vec<Pending>) {
+        let started = Instant::now();
+        drop_dead_requests(&mut batch, started);
+        if batch.is_empty() {
+            return;
+        }
+        let counts: Vec<usize> = batch.iter().map(|p| p.rows).collect();
+        let rows: usize = counts.iter().sum();
+        let result = if batch.len() == 1 {
+            run_engine(engine, &batch[0].inputs)
+        } else {
+            match concat_inputs(&batch) {
+                Ok(inputs) => run_engine(engine, &inputs),
+                Err(e) => Err(e),
+            }
+        };
+        let compute_time = started.elapsed();
+        let result = result.and_then(|outputs| self.split_outputs(outputs, rows, &counts));
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.rows.fetch_add(rows as u64, Ordering::Relaxed);
+        match result {
+            Ok(per_request) => {
+                for (p, outputs) in batch.into_iter().zip(per_request) {
+                    let queue_time = started.saturating_duration_since(p.enqueued_at);
+                    let _ = p.reply.send(Ok(InferResponse { outputs, batch_rows: rows, queue_time, compute_time }));
+                }
+            }
+            Err(message) => {
+                self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(model = %self.name, rows, requests = batch.len(), error = %message, "batch failed");
+                for p in batch {
+                    let _ = p.reply.send(Err(BatchError::Engine(message.clone())));
+                }
+            }
+        }
+    }
+
+    /// Splits each output back into the requests' rows: `result[request][output]`.
+    fn split_outputs(&self, outputs: Vec<Tensor>, rows: usize, counts: &[usize]) -> Result<Vec<Vec<Tensor>>, String> {
+        if outputs.len() != self.metadata.outputs.len() {
+            return Err(format!("the engine returned {} outputs, expected {}", outputs.len(), self.metadata.outputs.len()));
+        }
+        let mut per_request: Vec<Vec<Tensor>> = counts.iter().map(|_| Vec::with_capacity(outputs.len())).collect();
+        for output in outputs {
+            if output.rows() != rows || output.shape().is_empty() {
+                return Err(format!("the engine returned {:?} rows for a batch of {rows}", output.shape().first()));
+            }
+            let pieces = output.split_rows(counts).map_err(|e| e.to_string())?;
+            for (request, piece) in per_request.iter_mut().zip(pieces) {
+                request.push(piece);
+            }
+        }
+        Ok(per_request)
+    }
+}
+
+fn concat_inputs(batch: &[Pending]) -> Result<Vec<Tensor>, String> {
+    let n = batch.first().map_or(0, |p| p.inputs.len());
+    (0..n)
+        .map(|i| {
+            let parts: Vec<&Tensor> = batch.iter().map(|p| &p.inputs[i]).collect();
+            Tensor::concat_rows(&parts).map_err(|e| format!("batching inputs: {e}"))
+        })
+        .collect()
+}
+
+/// Runs the engine; an error or a panic becomes the batch's error message.
+fn run_engine(engine: &mut dyn Engine, inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
+    match catch_unwind(AssertUnwindSafe(|| engine.run(inputs))) {
+        Ok(Ok(outputs)) => Ok(outputs),
+        Ok(Err(e)) => Err(format!("the engine failed: {e}")),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown cause".into());
+            Err(format!("the engine panicked: {what}"))
+        }
+    }
+}
+
+/// Removes the requests whose client went away, and answers those past their deadline.
+fn drop_dead_requests<C>(requests: &mut C, now: Instant)
+where
+    C: Default + IntoIterator<Item = Pending> + FromIterator<Pending>,
+    for<'a> &'a C: IntoIterator<Item = &'a Pending>,
+{
+    if (&*requests).into_iter().any(|p| p.abandoned() || p.expired(now)) {
+        *requests = std::mem::take(requests).into_iter().filter_map(|p| answer_if_dead(p, now)).collect();
+    }
+}
+
+fn answer_if_dead(p: Pending, now: Instant) -> Option<Pending> {
+    if p.abandoned() {
+        None
+    } else if p.expired(now) {
+        let _ = p.reply.send(Err(BatchError::DeadlineExceeded));
+        None
+    } else {
+        Some(p)
+    }
+}
+
+/// Removes the requests at `positions` (ascending) from the queue, in order.
+fn take_positions(queue: &mut VecDeque<Pending>, positions: &[usize]) -> Vec<Pending> {
+    let mut taken = Vec::with_capacity(positions.len());
+    let mut kept = VecDeque::with_capacity(queue.len().saturating_sub(positions.len()));
+    let mut next = positions.iter().peekable();
+    for (i, p) in queue.drain(..).enumerate() {
+        if next.peek() == Some(&&i) {
+            next.next();
+            taken.push(p);
+        } else {
+            kept.push_back(p);
+        }
+    }
+    *queue = kept;
+    taken
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,351 @@
+//! The batcher with real threads and fake engines whose every batch is recorded.
+
+use std::sync::mpsc;
+
+use inferd_core::{Precision, TensorSpec};
+
+use super::*;
+
+/// Doubles its FP32 input `[-1, -1]`. Records each batch's rows and first values; can be held at a gate, panics
+/// on a value of -1 and fails on -2.
+struct Doubler {
+    metadata: ModelMetadata,
+    seen: Arc<Mutex<Vec<Vec<f32>>>>,
+    gate: Arc<Gate>,
+}
+
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+    /// Told each time a batch reaches the engine.
+    entered: Mutex<Option<mpsc::Sender<usize>>>,
+}
+
+impl Gate {
+    fn open(&self) {
+        *self.open.lock().expect("gate") = true;
+        self.opened.notify_all();
+    }
+
+    fn wait(&self) {
+        let mut open = self.open.lock().expect("gate");
+        while !*open {
+            open = self.opened.wait(open).expect("gate");
+        }
+    }
+}
+
+impl Engine for Doubler {
+    fn metadata(&self) -> &ModelMetadata {
+        &self.metadata
+    }
+
+    fn run(&mut self, inputs: &[Tensor]) -> inferd_core::Result<Vec<Tensor>> {
+        if let Some(tx) = self.gate.entered.lock().expect("gate").as_ref() {
+            let _ = tx.send(inputs[0].rows());
+        }
+        self.gate.wait();
+        let values = inputs[0].to_vec::<f32>()?;
+        self.seen.lock().expect("seen").push(values.clone());
+        if values.contains(&-1.0) {
+            panic!("asked to panic");
+        }
+        if values.contains(&-2.0) {
+            return Err(inferd_core::Error::engine("asked to fail"));
+        }
+        let doubled: Vec<f32> = values.iter().map(|v| v * 2.0).collect();
+        Ok(vec![Tensor::from_slice(inputs[0].shape().to_vec(), &doubled)?])
+    }
+}
+
+struct Fixture {
+    batcher: Batcher,
+    seen: Arc<Mutex<Vec<Vec<f32>>>>,
+    gate: Arc<Gate>,
+}
+
+fn fixture(batching: BatchingConfig, gate_open: bool) -> Fixture {
+    let spec = |name: &str| TensorSpec { name: name.into(), datatype: DataType::Fp32, shape: vec![-1, -1] };
+    let metadata = ModelMetadata {
+        inputs: vec![spec("x")],
+        outputs: vec![spec("y")],
+        device: "cpu".into(),
+        precision: Precision::Fp32,
+        platform: "test",
+    };
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let gate = Arc::new(Gate::default());
+    *gate.open.lock().expect("gate") = gate_open;
+    let engine = Doubler { metadata, seen: seen.clone(), gate: gate.clone() };
+    let batcher = Batcher::start("double", &batching, vec![Box::new(engine)]).expect("threads start");
+    Fixture { batcher, seen, gate }
+}
+
+fn entered(gate: &Gate) -> mpsc::Receiver<usize> {
+    let (tx, rx) = mpsc::channel();
+    *gate.entered.lock().expect("gate") = Some(tx);
+    rx
+}
+
+fn rows(values: &[f32], cols: usize) -> InferRequest {
+    InferRequest {
+        inputs: vec![Tensor::from_slice(vec![values.len() / cols, cols], values).expect("valid")],
+        deadline: None,
+    }
+}
+
+fn batched(max: usize) -> BatchingConfig {
+    BatchingConfig { max_batch_size: max, ..BatchingConfig::default() }
+}
+
+/// Waits (without blocking the test's runtime) until a batch reaches the engine; returns its rows.
+async fn reached_engine(entered: &mpsc::Receiver<usize>) -> usize {
+    for _ in 0..500 {
+        if let Ok(rows) = entered.try_recv() {
+            return rows;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("no batch reached the engine");
+}
+
+async fn wait_for_depth(batcher: &Batcher, depth: usize) {
+    for _ in 0..500 {
+        if batcher.queue_depth() == depth {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("queue depth never reached {depth} (is {})", batcher.queue_depth());
+}
+
+#[tokio::test]
+async fn a_lone_request_is_answered() {
+    let f = fixture(batched(8), true);
+    let answer = f.batcher.infer(rows(&[1.0, 2.0], 2)).await.expect("answered");
+    assert_eq!(answer.outputs[0].to_vec::<f32>().expect("fp32"), vec![2.0, 4.0]);
+    assert_eq!(answer.batch_rows, 1);
+}
+
+#[tokio::test]
+async fn requests_queued_behind_a_busy_worker_share_a_batch() {
+    let f = fixture(batched(64), false);
+    let entered = entered(&f.gate);
+    let first = tokio::spawn({
+        let b = f.batcher.clone();
+        async move { b.infer(rows(&[0.0], 1)).await }
+    });
+    assert_eq!(reached_engine(&entered).await, 1, "the first batch reached the engine");
+    let rest: Vec<_> = (1..=6)
+        .map(|i| {
+            let b = f.batcher.clone();
+            tokio::spawn(async move { b.infer(rows(&[i as f32], 1)).await })
+        })
+        .collect();
+    wait_for_depth(&f.batcher, 6).await;
+    f.gate.open();
+    assert_eq!(first.await.expect("task").expect("answered").batch_rows, 1);
+    let mut largest = 0;
+    for (i, task) in rest.into_iter().enumerate() {
+        let answer = task.await.expect("task").expect("answered");
+        assert_eq!(answer.outputs[0].to_vec::<f32>().expect("fp32"), vec![2.0 * (i + 1) as f32]);
+        largest = largest.max(answer.batch_rows);
+    }
+    let seen = f.seen.lock().expect("seen").clone();
+    assert_eq!(seen.iter().map(Vec::len).sum::<usize>(), 7);
+    // One batch may be cut ahead with the first arrival alone; the rest wait together.
+    assert!(largest >= 5, "batches were {seen:?}");
+    assert!(seen.len() <= 3, "batches were {seen:?}");
+}
+
+#[tokio::test]
+async fn an_oversize_request_is_split_and_reassembled_in_order() {
+    let f = fixture(batched(4), true);
+    let values: Vec<f32> = (0..20).map(|v| v as f32).collect();
+    let answer = f.batcher.infer(rows(&values, 2)).await.expect("answered");
+    assert_eq!(answer.outputs[0].shape(), &[10, 2]);
+    let expected: Vec<f32> = values.iter().map(|v| v * 2.0).collect();
+    assert_eq!(answer.outputs[0].to_vec::<f32>().expect("fp32"), expected);
+    let batch_rows: Vec<usize> = f.seen.lock().expect("seen").iter().map(|b| b.len() / 2).collect();
+    assert_eq!(batch_rows, vec![4, 4, 2]);
+    assert_eq!(answer.batch_rows, 4);
+}
+
+#[tokio::test]
+async fn a_full_queue_refuses_at_once_and_keeps_what_it_holds() {
+    let f = fixture(BatchingConfig { max_queue_size: 2, ..batched(1) }, false);
+    let entered = entered(&f.gate);
+    let spawn = |v: f32| {
+        let b = f.batcher.clone();
+        tokio::spawn(async move { b.infer(rows(&[v], 1)).await })
+    };
+    let running = spawn(1.0);
+    assert_eq!(reached_engine(&entered).await, 1);
+    let queued = [spawn(2.0), spawn(3.0)];
+    wait_for_depth(&f.batcher, 2).await;
+    let refused = f.batcher.infer(rows(&[4.0], 1)).await.expect_err("queue is full");
+    assert_eq!(refused, BatchError::QueueFull { model: "double".into(), max_queue_size: 2 });
+    f.gate.open();
+    assert!(running.await.expect("task").is_ok());
+    for task in queued {
+        assert!(task.await.expect("task").is_ok());
+    }
+}
+
+#[tokio::test]
+async fn a_panic_fails_only_its_batch_and_the_worker_carries_on() {
+    let f = fixture(batched(8), true);
+    let err = f.batcher.infer(rows(&[-1.0], 1)).await.expect_err("panicked");
+    assert!(matches!(&err, BatchError::Engine(m) if m.contains("panicked: asked to panic")), "{err}");
+    let err = f.batcher.infer(rows(&[-2.0], 1)).await.expect_err("failed");
+    assert!(matches!(&err, BatchError::Engine(m) if m.contains("asked to fail")), "{err}");
+    let answer = f.batcher.infer(rows(&[3.0], 1)).await.expect("the worker survived");
+    assert_eq!(answer.outputs[0].to_vec::<f32>().expect("fp32"), vec![6.0]);
+    assert_eq!(f.batcher.stats().failed_batches.load(Ordering::Relaxed), 2);
+}
+
+#[tokio::test]
+async fn a_request_whose_caller_left_never_reaches_the_engine() {
+    let f = fixture(batched(8), false);
+    let entered = entered(&f.gate);
+    let running = tokio::spawn({
+        let b = f.batcher.clone();
+        async move { b.infer(rows(&[1.0], 1)).await }
+    });
+    assert_eq!(reached_engine(&entered).await, 1);
+    let abandoned = tokio::spawn({
+        let b = f.batcher.clone();
+        async move { b.infer(rows(&[42.0], 1)).await }
+    });
+    wait_for_depth(&f.batcher, 1).await;
+    abandoned.abort();
+    assert!(abandoned.await.expect_err("aborted").is_cancelled());
+    f.gate.open();
+    assert!(running.await.expect("task").is_ok());
+    assert!(f.batcher.infer(rows(&[5.0], 1)).await.is_ok());
+    let seen = f.seen.lock().expect("seen").clone();
+    assert!(!seen.iter().flatten().any(|&v| v == 42.0), "the abandoned request ran: {seen:?}");
+}
+
+#[tokio::test]
+async fn a_deadline_fires_while_the_worker_is_busy() {
+    let f = fixture(batched(8), false);
+    let entered = entered(&f.gate);
+    let running = tokio::spawn({
+        let b = f.batcher.clone();
+        async move { b.infer(rows(&[1.0], 1)).await }
+    });
+    assert_eq!(reached_engine(&entered).await, 1);
+    let mut late = rows(&[42.0], 1);
+    late.deadline = Some(Instant::now() + Duration::from_millis(50));
+    let err = tokio::time::timeout(Duration::from_secs(5), f.batcher.infer(late))
+        .await
+        .expect("answered while the worker was still busy");
+    assert_eq!(err.expect_err("expired"), BatchError::DeadlineExceeded);
+    f.gate.open();
+    assert!(running.await.expect("task").is_ok());
+    assert!(!f.seen.lock().expect("seen").iter().flatten().any(|&v| v == 42.0));
+}
+
+#[tokio::test]
+async fn shapes_batch_apart_and_all_are_answered() {
+    let f = fixture(batched(64), false);
+    let entered = entered(&f.gate);
+    let first = tokio::spawn({
+        let b = f.batcher.clone();
+        async move { b.infer(rows(&[0.0], 1)).await }
+    });
+    assert_eq!(reached_engine(&entered).await, 1);
+    let tasks: Vec<_> = (0..6)
+        .map(|i| {
+            let b = f.batcher.clone();
+            let cols = if i % 2 == 0 { 2 } else { 3 };
+            let values: Vec<f32> = (0..cols).map(|c| (10 * i + c) as f32).collect();
+            tokio::spawn(async move { (values.clone(), b.infer(rows(&values, cols)).await) })
+        })
+        .collect();
+    wait_for_depth(&f.batcher, 6).await;
+    f.gate.open();
+    assert!(first.await.expect("task").is_ok());
+    for task in tasks {
+        let (values, answer) = task.await.expect("task");
+        let doubled: Vec<f32> = values.iter().map(|v| v * 2.0).collect();
+        assert_eq!(answer.expect("answered").outputs[0].to_vec::<f32>().expect("fp32"), doubled);
+    }
+}
+
+#[tokio::test]
+async fn a_queue_delay_gathers_requests_into_one_batch() {
+    let f = fixture(BatchingConfig { max_queue_delay_us: 300_000, ..batched(8) }, true);
+    let tasks: Vec<_> = (0..3)
+        .map(|i| {
+            let b = f.batcher.clone();
+            tokio::spawn(async move { b.infer(rows(&[i as f32], 1)).await })
+        })
+        .collect();
+    for task in tasks {
+        assert_eq!(task.await.expect("task").expect("answered").batch_rows, 3);
+    }
+}
+
+#[tokio::test]
+async fn stop_finishes_queued_work_then_refuses() {
+    let f = fixture(BatchingConfig { max_queue_delay_us: 10_000_000, ..batched(8) }, true);
+    let tasks: Vec<_> = (0..3)
+        .map(|i| {
+            let b = f.batcher.clone();
+            tokio::spawn(async move { b.infer(rows(&[i as f32], 1)).await })
+        })
+        .collect();
+    wait_for_depth(&f.batcher, 3).await;
+    let b = f.batcher.clone();
+    let stopped = tokio::task::spawn_blocking(move || b.stop(Duration::from_secs(5))).await.expect("join");
+    assert!(stopped, "threads exited in time");
+    for task in tasks {
+        assert!(task.await.expect("task").is_ok(), "queued work finished without waiting for the 10 s delay");
+    }
+    let err = f.batcher.infer(rows(&[1.0], 1)).await.expect_err("stopped");
+    assert_eq!(err, BatchError::Unavailable("double".into()));
+}
+
+#[tokio::test]
+async fn a_stop_that_times_out_answers_what_is_left() {
+    let f = fixture(batched(1), false);
+    let entered = entered(&f.gate);
+    let spawn = |v: f32| {
+        let b = f.batcher.clone();
+        tokio::spawn(async move { b.infer(rows(&[v], 1)).await })
+    };
+    let running = spawn(1.0);
+    assert_eq!(reached_engine(&entered).await, 1);
+    let queued = [spawn(2.0), spawn(3.0)];
+    wait_for_depth(&f.batcher, 2).await;
+    let b = f.batcher.clone();
+    let stopped = tokio::task::spawn_blocking(move || b.stop(Duration::from_millis(50))).await.expect("join");
+    assert!(!stopped, "the engine is still held at the gate");
+    for task in queued {
+        assert_eq!(task.await.expect("task").expect_err("left"), BatchError::Unavailable("double".into()));
+    }
+    f.gate.open();
+    assert!(running.await.expect("task").is_ok(), "the running batch still finishes");
+}
+
+#[tokio::test]
+async fn bad_requests_are_refused_before_they_queue() {
+    let f = fixture(batched(8), true);
+    let none = InferRequest { inputs: vec![], deadline: None };
+    assert!(matches!(f.batcher.infer(none).await, Err(BatchError::InvalidInput(m)) if m.contains("takes 1 input")));
+    let ints = InferRequest { inputs: vec![Tensor::from_slice(vec![1, 1], &[1i32]).expect("valid")], deadline: None };
+    assert!(matches!(f.batcher.infer(ints).await, Err(BatchError::InvalidInput(m)) if m.contains("expected FP32")));
+    let empty = InferRequest { inputs: vec![Tensor::from_slice::<f32>(vec![0, 1], &[]).expect("valid")], deadline: None };
+    assert!(matches!(f.batcher.infer(empty).await, Err(BatchError::InvalidInput(m)) if m.contains("no rows")));
+    assert_eq!(f.seen.lock().expect("seen").len(), 0);
+}
+
+#[test]
+fn pieces_cover_the_rows() {
+    assert_eq!(piece_rows(10, 4), vec![4, 4, 2]);
+    assert_eq!(piece_rows(8, 4), vec![4, 4]);
+    assert_eq!(piece_rows(3, 4), vec![3]);
+}
