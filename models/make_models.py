@@ -8,7 +8,8 @@ the pixels as they are.
 Writes, next to this script:
   digits/model.onnx                 ONNX (opset 17): input `input` FP32 [-1, 64] -> output `logits` FP32 [-1, 10]
   digits-candle/model.safetensors   the same weights for inferd's candle `mlp` architecture (fc1, fc2; torch layout)
-  ../tests/data/digits_heldout.json the held-out split (raw pixels and labels) the end-to-end tests classify
+  ../tests/data/digits_heldout.json the held-out split (raw pixels and labels) the end-to-end tests classify, and
+                                    reference logits for its first rows, computed here in float64 with numpy
 and prints the held-out accuracy, checked through ONNX Runtime.
 
 Requirements (a throwaway venv is enough): scikit-learn numpy onnx safetensors onnxruntime.
@@ -78,6 +79,12 @@ def export_safetensors(weights, path):
     save_file({"fc1.weight": fc1_w, "fc1.bias": fc1_b, "fc2.weight": fc2_w, "fc2.bias": fc2_b}, str(path))
 
 
+def reference_logits(weights, x):
+    fc1_w, fc1_b, fc2_w, fc2_b = (w.astype(np.float64) for w in weights)
+    hidden = np.maximum(x.astype(np.float64) @ fc1_w.T + fc1_b, 0.0)
+    return hidden @ fc2_w.T + fc2_b
+
+
 def accuracy_with_onnxruntime(path, x, y):
     import onnxruntime
 
@@ -93,7 +100,16 @@ def main():
     export_safetensors(weights, HERE / "digits-candle" / "model.safetensors")
     data = HERE.parent / "tests" / "data" / "digits_heldout.json"
     data.parent.mkdir(parents=True, exist_ok=True)
-    data.write_text(json.dumps({"pixels": x_test.astype(int).tolist(), "labels": y_test.tolist()}))
+    reference = reference_logits(weights, x_test[:16])
+    data.write_text(
+        json.dumps(
+            {
+                "pixels": x_test.astype(int).tolist(),
+                "labels": y_test.tolist(),
+                "reference_logits": [[round(v, 6) for v in row] for row in reference.tolist()],
+            }
+        )
+    )
     acc = accuracy_with_onnxruntime(onnx_path, x_test, y_test)
     print(f"held-out accuracy (ONNX Runtime, {len(y_test)} images): {acc:.4f}")
 

@@ -1,1 +1,310 @@
-//! placeholder
+//! inferd-onnx: the [`Engine`] on ONNX Runtime, loaded from a shared library at run time, with the CPU, CUDA
+//! and TensorRT execution providers.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use inferd_core::{
+    with_element_type, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Precision, Result, Tensor,
+    TensorSpec,
+};
+use ort::ep::{self, ExecutionProvider};
+use ort::environment::Environment;
+use ort::session::{Session, SessionInputValue};
+use ort::value::{DynValue, TensorElementType, ValueType};
+
+/// The one ONNX Runtime environment of this process, or why it could not be made.
+static RUNTIME: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
+
+struct Runtime {
+    environment: Environment,
+    library: PathBuf,
+}
+
+/// How ONNX models are loaded: the server's settings that are not in `model.toml`.
+#[derive(Debug, Clone)]
+pub struct OnnxSettings {
+    /// `libonnxruntime.so` to load (once per process: the first path wins).
+    pub library: PathBuf,
+    /// Intra-op threads for a model whose `[onnx]` table does not say.
+    pub default_intra_op_threads: usize,
+}
+
+/// Loads the ONNX Runtime library (once per process) and returns its environment.
+fn runtime(library: &Path) -> Result<&'static Runtime> {
+    let runtime = RUNTIME.get_or_init(|| {
+        if !library.is_file() {
+            return Err(format!(
+                "the ONNX Runtime library is not at {}: run ./scripts/setup.sh (it fetches libonnxruntime.so.1.31.1 \
+                 from the onnxruntime wheel on PyPI), or point --onnxruntime-lib / INFERD_ONNXRUNTIME_LIB at a \
+                 libonnxruntime.so of version 1.31 or newer",
+                library.display()
+            ));
+        }
+        let builder = ort::init_from(library)
+            .map_err(|e| format!("cannot load the ONNX Runtime library {}: {e}", library.display()))?;
+        let environment = builder
+            .with_name("inferd")
+            .build()
+            .map_err(|e| format!("cannot start ONNX Runtime from {}: {e}", library.display()))?;
+        tracing::info!(library = %library.display(), "ONNX Runtime loaded");
+        Ok(Runtime { environment, library: library.to_path_buf() })
+    });
+    let runtime = runtime.as_ref().map_err(|e| Error::Engine(e.clone()))?;
+    if runtime.library != library {
+        tracing::warn!(
+            loaded = %runtime.library.display(),
+            asked = %library.display(),
+            "ONNX Runtime is loaded once per process; keeping the library loaded first"
+        );
+    }
+    Ok(runtime)
+}
+
+/// One ONNX Runtime session: what one worker thread owns.
+pub struct OnnxEngine {
+    session: Session,
+    metadata: ModelMetadata,
+}
+
+impl std::fmt::Debug for OnnxEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnnxEngine").field("metadata", &self.metadata).finish_non_exhaustive()
+    }
+}
+
+/// Which execution providers a session gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    Cpu,
+    /// GPU `n` through TensorRT (when asked) and CUDA; loading fails if they cannot be registered.
+    Gpu { device: usize, required: bool },
+}
+
+impl OnnxEngine {
+    /// Loads one session of the model. `default_precision` applies when `model.toml` does not name one.
+    pub fn load(config: &ModelConfig, settings: &OnnxSettings, default_precision: Precision) -> Result<OnnxEngine> {
+        let runtime = runtime(&settings.library)?;
+        let placement = match config.device {
+            DeviceSpec::Cpu => Placement::Cpu,
+            DeviceSpec::Cuda(device) => Placement::Gpu { device, required: true },
+            DeviceSpec::Auto => match ep::CUDA::is_available() {
+                Ok(true) => Placement::Gpu { device: 0, required: false },
+                _ => {
+                    tracing::warn!(
+                        model = %config.name,
+                        library = %runtime.library.display(),
+                        "this ONNX Runtime has no CUDA execution provider: the model runs on the CPU"
+                    );
+                    Placement::Cpu
+                }
+            },
+        };
+        let threads = config.onnx.intra_op_threads.unwrap_or(settings.default_intra_op_threads).max(1);
+        let (session, placement) = match open_session(runtime, config, threads, placement, default_precision) {
+            Ok(session) => (session, placement),
+            Err(e) if placement == (Placement::Gpu { device: 0, required: false }) => {
+                tracing::warn!(model = %config.name, error = %e, "no usable GPU for ONNX Runtime: the model runs on the CPU");
+                (open_session(runtime, config, threads, Placement::Cpu, default_precision)?, Placement::Cpu)
+            }
+            Err(e) => return Err(e),
+        };
+        let inputs = specs_from_graph(config, "input", session.inputs().iter().map(|o| (o.name(), o.dtype())), &config.inputs)?;
+        let outputs =
+            specs_from_graph(config, "output", session.outputs().iter().map(|o| (o.name(), o.dtype())), &config.outputs)?;
+        let graph_precision = graph_precision(&inputs, &outputs);
+        let tensorrt_fp16 = tensorrt_fp16(config, default_precision);
+        let precision = match (placement, config.precision) {
+            (Placement::Gpu { .. }, _) if tensorrt_fp16 => Precision::Fp16,
+            (_, Some(asked)) if asked != graph_precision => {
+                return Err(Error::Unsupported(format!(
+                    "model `{}`: precision = \"{asked}\", but the ONNX graph computes in {graph_precision}; export the \
+                     graph in {asked}, or use the TensorRT execution provider (tensorrt = true) on a GPU",
+                    config.name
+                )))
+            }
+            _ => graph_precision,
+        };
+        let device = match placement {
+            Placement::Cpu => "cpu".to_owned(),
+            Placement::Gpu { device, .. } => format!("cuda:{device}"),
+        };
+        Ok(OnnxEngine {
+            session,
+            metadata: ModelMetadata { inputs, outputs, device, precision, platform: "onnxruntime_onnx" },
+        })
+    }
+}
+
+fn tensorrt_fp16(config: &ModelConfig, default_precision: Precision) -> bool {
+    config.onnx.tensorrt && (config.onnx.tensorrt_fp16 || config.precision.unwrap_or(default_precision) == Precision::Fp16)
+}
+
+fn open_session(
+    runtime: &Runtime,
+    config: &ModelConfig,
+    threads: usize,
+    placement: Placement,
+    default_precision: Precision,
+) -> Result<Session> {
+    let fail = |e: &dyn std::fmt::Display| Error::Engine(format!("model `{}`: {e}", config.name));
+    let mut builder = Session::builder(&runtime.environment)
+        .and_then(|b| b.with_intra_threads(threads).map_err(Into::into))
+        .and_then(|b| b.with_inter_threads(1).map_err(Into::into))
+        .map_err(|e| fail(&e))?;
+    if let Placement::Gpu { device, .. } = placement {
+        let id = i32::try_from(device).map_err(|_| fail(&format!("no GPU numbered {device}")))?;
+        let mut providers = Vec::new();
+        if config.onnx.tensorrt {
+            providers.push(
+                ep::TensorRT::default()
+                    .with_device_id(id)
+                    .with_fp16(tensorrt_fp16(config, default_precision))
+                    .build()
+                    .error_on_failure(),
+            );
+        }
+        providers.push(ep::CUDA::default().with_device_id(id).build().error_on_failure());
+        builder = builder
+            .with_execution_providers(providers)
+            .map_err(|e| fail(&format!("cannot use GPU {device} (CUDA execution provider): {e}")))?;
+    }
+    if !config.file.is_file() {
+        return Err(Error::config(&config.file, "the model file named by `file` does not exist"));
+    }
+    builder.commit_from_file(&config.file).map_err(|e| fail(&format!("cannot load {}: {e}", config.file.display())))
+}
+
+fn data_type(ty: TensorElementType) -> Option<DataType> {
+    Some(match ty {
+        TensorElementType::Bool => DataType::Bool,
+        TensorElementType::Uint8 => DataType::Uint8,
+        TensorElementType::Uint16 => DataType::Uint16,
+        TensorElementType::Uint32 => DataType::Uint32,
+        TensorElementType::Uint64 => DataType::Uint64,
+        TensorElementType::Int8 => DataType::Int8,
+        TensorElementType::Int16 => DataType::Int16,
+        TensorElementType::Int32 => DataType::Int32,
+        TensorElementType::Int64 => DataType::Int64,
+        TensorElementType::Float16 => DataType::Fp16,
+        TensorElementType::Float32 => DataType::Fp32,
+        TensorElementType::Float64 => DataType::Fp64,
+        TensorElementType::Bfloat16 => DataType::Bf16,
+        TensorElementType::String => DataType::Bytes,
+        _ => return None,
+    })
+}
+
+/// The graph's inputs (or outputs), in graph order, narrowed by what `model.toml` declares.
+fn specs_from_graph<'a>(
+    config: &ModelConfig,
+    kind: &str,
+    graph: impl Iterator<Item = (&'a str, &'a ValueType)>,
+    declared: &[TensorSpec],
+) -> Result<Vec<TensorSpec>> {
+    let bad = |message: String| Error::Unsupported(format!("model `{}`: {message}", config.name));
+    let mut specs = Vec::new();
+    for (name, value_type) in graph {
+        let ValueType::Tensor { ty, shape, .. } = value_type else {
+            return Err(bad(format!("{kind} `{name}` is not a tensor")));
+        };
+        let datatype = data_type(*ty).ok_or_else(|| bad(format!("{kind} `{name}` has element type {ty:?}, which inferd does not serve")))?;
+        let graph_shape: Vec<i64> = shape.iter().copied().collect();
+        if graph_shape.first().is_some_and(|&d| d != -1) || graph_shape.is_empty() {
+            return Err(bad(format!(
+                "{kind} `{name}` has shape {graph_shape:?}: inferd needs a variable leading (batch) dimension; export \
+                 the model with a dynamic batch axis"
+            )));
+        }
+        let shape = match declared.iter().find(|d| d.name == name) {
+            None => graph_shape,
+            Some(d) => {
+                let fits = d.datatype == datatype
+                    && d.shape.len() == graph_shape.len()
+                    && d.shape.iter().zip(&graph_shape).all(|(&want, &graph)| graph == -1 || want == graph);
+                if !fits {
+                    return Err(Error::config(
+                        config.dir.join(inferd_core::MODEL_CONFIG_FILE),
+                        format!(
+                            "{kind} `{name}`: declared {} {:?}, but the graph has {datatype} {graph_shape:?}",
+                            d.datatype, d.shape
+                        ),
+                    ));
+                }
+                d.shape.clone()
+            }
+        };
+        specs.push(TensorSpec { name: name.to_owned(), datatype, shape });
+    }
+    if let Some(extra) = declared.iter().find(|d| !specs.iter().any(|s| s.name == d.name)) {
+        return Err(Error::config(
+            config.dir.join(inferd_core::MODEL_CONFIG_FILE),
+            format!("{kind} `{}` is declared but the graph has no such {kind}", extra.name),
+        ));
+    }
+    Ok(specs)
+}
+
+/// The precision a graph computes in: that of its first floating-point tensor.
+fn graph_precision(inputs: &[TensorSpec], outputs: &[TensorSpec]) -> Precision {
+    match inputs.iter().chain(outputs).map(|s| s.datatype).find(|d| d.is_float()) {
+        Some(DataType::Fp16) => Precision::Fp16,
+        Some(DataType::Bf16) => Precision::Bf16,
+        _ => Precision::Fp32,
+    }
+}
+
+fn to_ort(t: &Tensor) -> Result<DynValue> {
+    let shape: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+    let value = with_element_type!(t.dtype(), T => {
+        ort::value::Tensor::<T>::from_array((shape, t.to_vec::<T>()?)).map(|v| v.into_dyn())
+    }, BYTES => {
+        let strings = t
+            .byte_strings()
+            .unwrap_or_default()
+            .iter()
+            .map(|b| String::from_utf8(b.clone()))
+            .collect::<std::result::Result<Vec<String>, _>>()
+            .map_err(|_| Error::InvalidInput("a BYTES element is not UTF-8, which ONNX strings must be".into()))?;
+        ort::value::Tensor::from_string_array((shape, strings.as_slice())).map(|v| v.into_dyn())
+    });
+    value.map_err(Error::engine)
+}
+
+fn from_ort(spec: &TensorSpec, value: &DynValue) -> Result<Tensor> {
+    let dims = |shape: &[i64]| shape.iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect::<Vec<usize>>();
+    with_element_type!(spec.datatype, T => {
+        let (shape, data) = value.try_extract_tensor::<T>().map_err(Error::engine)?;
+        Tensor::from_slice(dims(shape), data)
+    }, BYTES => {
+        let (shape, strings) = value.try_extract_strings().map_err(Error::engine)?;
+        Tensor::from_byte_strings(dims(shape), strings.into_iter().map(String::into_bytes).collect())
+    })
+}
+
+impl Engine for OnnxEngine {
+    fn metadata(&self) -> &ModelMetadata {
+        &self.metadata
+    }
+
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let values = self
+            .metadata
+            .inputs
+            .iter()
+            .zip(inputs)
+            .map(|(spec, t)| Ok((spec.name.as_str(), SessionInputValue::from(to_ort(t)?))))
+            .collect::<Result<Vec<_>>>()?;
+        let outputs = self.session.run(values).map_err(Error::engine)?;
+        self.metadata
+            .outputs
+            .iter()
+            .map(|spec| {
+                let value = outputs
+                    .get(&spec.name)
+                    .ok_or_else(|| Error::Engine(format!("ONNX Runtime returned no output `{}`", spec.name)))?;
+                from_ort(spec, value)
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Prepares a fresh checkout: fetches the ONNX Runtime shared library from the `onnxruntime` wheel on PyPI into
+# .cache/onnxruntime/ (once; later runs find it there). Needs python3 with pip. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ORT_VERSION=1.31.1
+CACHE_DIR=${INFERD_CACHE_DIR:-$PWD/.cache}
+ORT_DIR=$CACHE_DIR/onnxruntime
+ORT_LIB=$ORT_DIR/libonnxruntime.so.$ORT_VERSION
+
+if [ ! -s "$ORT_LIB" ]; then
+    echo "setup: fetching libonnxruntime.so.$ORT_VERSION from the onnxruntime==$ORT_VERSION wheel (PyPI)" >&2
+    mkdir -p "$ORT_DIR"
+    wheels=$(mktemp -d)
+    trap 'rm -rf "$wheels"' EXIT
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+        --dest "$wheels" "onnxruntime==$ORT_VERSION"
+    # The library is plain C: any of the wheel's Python tags carries the same file.
+    python3 - "$wheels" "$ORT_LIB" <<'PY'
+import pathlib, sys, zipfile
+wheels, target = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+name = "onnxruntime/capi/" + target.name
+for wheel in wheels.glob("onnxruntime-*.whl"):
+    with zipfile.ZipFile(wheel) as z:
+        if name in z.namelist():
+            partial = target.with_suffix(".partial")
+            partial.write_bytes(z.read(name))
+            partial.rename(target)
+            break
+else:
+    sys.exit(f"setup: {name} is not in the downloaded wheel")
+PY
+fi
+echo "setup: ONNX Runtime library at $ORT_LIB" >&2
