@@ -1,1 +1,270 @@
-//! placeholder
+//! inferd-candle: the [`Engine`] on candle. Weights come from safetensors files; architectures are built in
+//! (`mlp` so far). Runs on the CPU, or on `cuda:N` in builds with the `cuda` feature.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Module};
+use candle_nn::{Linear, VarBuilder};
+use inferd_core::{
+    CandleOptions, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Precision,
+    Result, Tensor, TensorSpec,
+};
+
+/// One loaded candle model: what one worker thread owns.
+pub struct CandleEngine {
+    metadata: ModelMetadata,
+    device: Device,
+    /// The dtype weights are held and computed in.
+    dtype: DType,
+    mlp: Mlp,
+}
+
+impl std::fmt::Debug for CandleEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CandleEngine").field("metadata", &self.metadata).finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Activation {
+    Relu,
+    Gelu,
+    Tanh,
+    Sigmoid,
+    None,
+}
+
+impl Activation {
+    fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "relu" => Activation::Relu,
+            "gelu" => Activation::Gelu,
+            "tanh" => Activation::Tanh,
+            "sigmoid" => Activation::Sigmoid,
+            "none" => Activation::None,
+            _ => return None,
+        })
+    }
+
+    fn apply(self, x: candle_core::Tensor) -> candle_core::Result<candle_core::Tensor> {
+        match self {
+            Activation::Relu => x.relu(),
+            Activation::Gelu => x.gelu_erf(),
+            Activation::Tanh => x.tanh(),
+            Activation::Sigmoid => candle_nn::ops::sigmoid(&x),
+            Activation::None => Ok(x),
+        }
+    }
+}
+
+/// A stack of linear layers (torch names `fc1`, `fc2`, …), each followed by its activation.
+struct Mlp {
+    layers: Vec<(Linear, Activation)>,
+}
+
+impl Mlp {
+    fn forward(&self, mut x: candle_core::Tensor) -> candle_core::Result<candle_core::Tensor> {
+        for (linear, activation) in &self.layers {
+            x = activation.apply(linear.forward(&x)?)?;
+        }
+        Ok(x)
+    }
+}
+
+/// The device a model runs on: `Err` when it must be a GPU that cannot be had.
+fn select_device(spec: DeviceSpec, model: &str) -> Result<Device> {
+    match spec {
+        DeviceSpec::Cpu => Ok(Device::Cpu),
+        DeviceSpec::Cuda(n) => cuda_device(n),
+        DeviceSpec::Auto => match cuda_device(0) {
+            Ok(device) => Ok(device),
+            Err(e) => {
+                if cfg!(feature = "cuda") {
+                    tracing::warn!(model, error = %e, "no usable GPU for candle: the model runs on the CPU");
+                }
+                Ok(Device::Cpu)
+            }
+        },
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_device(n: usize) -> Result<Device> {
+    // The CUDA driver bindings may panic rather than fail when no driver is present.
+    match std::panic::catch_unwind(|| Device::new_cuda(n)) {
+        Ok(Ok(device)) => Ok(device),
+        Ok(Err(e)) => Err(Error::Unsupported(format!("cannot use GPU {n}: {e}"))),
+        Err(_) => Err(Error::Unsupported(format!("cannot use GPU {n}: the CUDA driver is not usable here"))),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device(n: usize) -> Result<Device> {
+    Err(Error::Unsupported(format!(
+        "cuda:{n} was asked for, but this inferd was built without CUDA support (build with --features cuda, or use \
+         the CUDA image)"
+    )))
+}
+
+fn device_name(device: &Device) -> String {
+    match device.location() {
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        _ => "cpu".to_owned(),
+    }
+}
+
+fn dtype_of(precision: Precision) -> DType {
+    match precision {
+        Precision::Fp32 => DType::F32,
+        Precision::Fp16 => DType::F16,
+        Precision::Bf16 => DType::BF16,
+    }
+}
+
+impl CandleEngine {
+    /// Loads the model. `default_precision` applies on a GPU when `model.toml` names none; on the CPU, where
+    /// FP16/BF16 are several times slower than FP32, only an explicit `precision` leaves FP32.
+    pub fn load(config: &ModelConfig, default_precision: Precision) -> Result<CandleEngine> {
+        let toml = config.dir.join(inferd_core::MODEL_CONFIG_FILE);
+        let options = config.candle.as_ref().ok_or_else(|| Error::config(&toml, "candle: missing [candle] table"))?;
+        if options.architecture != "mlp" {
+            return Err(Error::config(
+                &toml,
+                format!("candle.architecture: unknown architecture `{}` (expected mlp)", options.architecture),
+            ));
+        }
+        let activations = mlp_shape(options).map_err(|m| Error::config(&toml, m))?;
+        let device = select_device(config.device, &config.name)?;
+        let precision = match config.precision {
+            Some(p) => p,
+            None if device.is_cuda() => default_precision,
+            None => Precision::Fp32,
+        };
+        let dtype = dtype_of(precision);
+        let mlp = load_mlp(&config.file, options, &activations, dtype, &device)?;
+        let (inputs, outputs) = mlp_specs(config, options).map_err(|m| Error::config(&toml, m))?;
+        Ok(CandleEngine {
+            metadata: ModelMetadata { inputs, outputs, device: device_name(&device), precision, platform: "candle" },
+            device,
+            dtype,
+            mlp,
+        })
+    }
+}
+
+/// Checks `layers` and `activations`; returns the activations.
+fn mlp_shape(options: &CandleOptions) -> std::result::Result<Vec<Activation>, String> {
+    if options.layers.len() < 2 || options.layers.contains(&0) {
+        return Err(format!(
+            "candle.layers: an mlp needs at least two non-zero widths (input and output), got {:?}",
+            options.layers
+        ));
+    }
+    if options.activations.len() != options.layers.len() - 1 {
+        return Err(format!(
+            "candle.activations: one per linear layer ({}), got {}",
+            options.layers.len() - 1,
+            options.activations.len()
+        ));
+    }
+    options
+        .activations
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            Activation::parse(a).ok_or_else(|| {
+                format!("candle.activations[{i}]: unknown activation `{a}` (expected relu, gelu, tanh, sigmoid or none)")
+            })
+        })
+        .collect()
+}
+
+/// Inputs and outputs: as declared, or `input`/`output` FP32 with the first and last widths.
+fn mlp_specs(config: &ModelConfig, options: &CandleOptions) -> std::result::Result<(Vec<TensorSpec>, Vec<TensorSpec>), String> {
+    let (first, last) = (options.layers[0] as i64, options.layers[options.layers.len() - 1] as i64);
+    let one = |kind: &str, declared: &[TensorSpec], width: i64| -> std::result::Result<TensorSpec, String> {
+        let spec = match declared {
+            [] => TensorSpec { name: kind.to_owned(), datatype: DataType::Fp32, shape: vec![-1, width] },
+            [spec] => spec.clone(),
+            _ => return Err(format!("{kind}: an mlp has exactly one {kind}, {} are declared", declared.len())),
+        };
+        if spec.shape != [-1, width] {
+            return Err(format!("{kind}[0].shape: an mlp with these layers needs [-1, {width}], got {:?}", spec.shape));
+        }
+        if !matches!(spec.datatype, DataType::Fp32 | DataType::Fp16 | DataType::Bf16) {
+            return Err(format!("{kind}[0].datatype: an mlp takes FP32, FP16 or BF16, not {}", spec.datatype));
+        }
+        Ok(spec)
+    };
+    Ok((vec![one("input", &config.inputs, first)?], vec![one("output", &config.outputs, last)?]))
+}
+
+fn load_mlp(file: &Path, options: &CandleOptions, activations: &[Activation], dtype: DType, device: &Device) -> Result<Mlp> {
+    if !file.is_file() {
+        return Err(Error::config(file, "the weights file named by `file` does not exist"));
+    }
+    let weights = |e: candle_core::Error| Error::config(file, format!("cannot load the weights: {e}"));
+    // SAFETY: the file is memory-mapped only while the weights are copied onto the device (VarBuilder casts and
+    // copies every tensor it hands out); inferd never writes model files, and the map is dropped on return.
+    #[allow(unsafe_code)]
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[file], dtype, device) }.map_err(weights)?;
+    let layers = options
+        .layers
+        .windows(2)
+        .zip(activations)
+        .enumerate()
+        .map(|(i, (io, &activation))| {
+            candle_nn::linear(io[0], io[1], vb.pp(format!("fc{}", i + 1))).map(|l| (l, activation)).map_err(weights)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Mlp { layers })
+}
+
+fn to_candle(t: &Tensor, device: &Device) -> Result<candle_core::Tensor> {
+    let shape = t.shape().to_vec();
+    let tensor = match t.dtype() {
+        DataType::Fp32 => candle_core::Tensor::from_vec(t.to_vec::<f32>()?, shape, device),
+        DataType::Fp16 => candle_core::Tensor::from_vec(t.to_vec::<half::f16>()?, shape, device),
+        DataType::Bf16 => candle_core::Tensor::from_vec(t.to_vec::<half::bf16>()?, shape, device),
+        other => return Err(Error::InvalidInput(format!("candle models take float inputs, not {other}"))),
+    };
+    tensor.map_err(Error::engine)
+}
+
+fn from_candle(t: &candle_core::Tensor, datatype: DataType) -> Result<Tensor> {
+    let shape = t.dims().to_vec();
+    let flat = t.flatten_all().map_err(Error::engine)?;
+    match datatype {
+        DataType::Fp32 => Tensor::from_slice(shape, &flat.to_vec1::<f32>().map_err(Error::engine)?),
+        DataType::Fp16 => Tensor::from_slice(shape, &flat.to_vec1::<half::f16>().map_err(Error::engine)?),
+        DataType::Bf16 => Tensor::from_slice(shape, &flat.to_vec1::<half::bf16>().map_err(Error::engine)?),
+        other => Err(Error::Engine(format!("candle models give float outputs, not {other}"))),
+    }
+}
+
+impl Engine for CandleEngine {
+    fn metadata(&self) -> &ModelMetadata {
+        &self.metadata
+    }
+
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let input = inputs.first().ok_or_else(|| Error::InvalidInput("an mlp takes one input".into()))?;
+        let x = to_candle(input, &self.device)?.to_dtype(self.dtype).map_err(Error::engine)?;
+        let y = self.mlp.forward(x).map_err(Error::engine)?;
+        let out = &self.metadata.outputs[0];
+        // Cast back on the device, before the copy to the host.
+        let y = y.to_dtype(dtype_of_output(out.datatype)).map_err(Error::engine)?;
+        Ok(vec![from_candle(&y, out.datatype)?])
+    }
+}
+
+fn dtype_of_output(datatype: DataType) -> DType {
+    match datatype {
+        DataType::Fp16 => DType::F16,
+        DataType::Bf16 => DType::BF16,
+        _ => DType::F32,
+    }
+}
+
+#[cfg(test)]
+mod tests;
