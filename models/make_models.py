@@ -38,11 +38,12 @@ def train():
     x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=SEED, stratify=y)
     clf = MLPClassifier(hidden_layer_sizes=(128,), activation="relu", max_iter=500, random_state=SEED)
     clf.fit(x_train / 16.0, y_train)
-    # torch layout: weight [out, in]; fold the 1/16 scaling into fc1.
-    fc1_w = (clf.coefs_[0].T / 16.0).astype(np.float32)
-    fc1_b = clf.intercepts_[0].astype(np.float32)
-    fc2_w = clf.coefs_[1].T.astype(np.float32)
-    fc2_b = clf.intercepts_[1].astype(np.float32)
+    # torch layout: weight [out, in]; fold the 1/16 scaling into fc1. Row-major copies: safetensors writes an
+    # array's memory as it lies, and a transposed view lies column-major.
+    fc1_w = np.ascontiguousarray(clf.coefs_[0].T / 16.0, dtype=np.float32)
+    fc1_b = np.ascontiguousarray(clf.intercepts_[0], dtype=np.float32)
+    fc2_w = np.ascontiguousarray(clf.coefs_[1].T, dtype=np.float32)
+    fc2_b = np.ascontiguousarray(clf.intercepts_[1], dtype=np.float32)
     return (fc1_w, fc1_b, fc2_w, fc2_b), (x_test, y_test)
 
 

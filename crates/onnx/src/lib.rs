@@ -2,7 +2,7 @@
 //! and TensorRT execution providers.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use inferd_core::{
     with_element_type, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Precision, Result, Tensor,
@@ -13,8 +13,11 @@ use ort::environment::Environment;
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, TensorElementType, ValueType};
 
-/// The one ONNX Runtime environment of this process, or why it could not be made.
-static RUNTIME: OnceLock<std::result::Result<Runtime, String>> = OnceLock::new();
+/// The one ONNX Runtime environment of this process, once a library loaded. A failed load is not remembered:
+/// a later model may name a library that exists.
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+/// Serialises first loads.
+static LOADING: Mutex<()> = Mutex::new(());
 
 struct Runtime {
     environment: Environment,
@@ -24,7 +27,7 @@ struct Runtime {
 /// How ONNX models are loaded: the server's settings that are not in `model.toml`.
 #[derive(Debug, Clone)]
 pub struct OnnxSettings {
-    /// `libonnxruntime.so` to load (once per process: the first path wins).
+    /// `libonnxruntime.so` to load (once per process: the first that loads wins).
     pub library: PathBuf,
     /// Intra-op threads for a model whose `[onnx]` table does not say.
     pub default_intra_op_threads: usize,
@@ -32,33 +35,40 @@ pub struct OnnxSettings {
 
 /// Loads the ONNX Runtime library (once per process) and returns its environment.
 fn runtime(library: &Path) -> Result<&'static Runtime> {
-    let runtime = RUNTIME.get_or_init(|| {
-        if !library.is_file() {
-            return Err(format!(
-                "the ONNX Runtime library is not at {}: run ./scripts/setup.sh (it fetches libonnxruntime.so.1.31.1 \
-                 from the onnxruntime wheel on PyPI), or point --onnxruntime-lib / INFERD_ONNXRUNTIME_LIB at a \
-                 libonnxruntime.so of version 1.31 or newer",
-                library.display()
-            ));
-        }
-        let builder = ort::init_from(library)
-            .map_err(|e| format!("cannot load the ONNX Runtime library {}: {e}", library.display()))?;
-        let environment = builder
-            .with_name("inferd")
-            .build()
-            .map_err(|e| format!("cannot start ONNX Runtime from {}: {e}", library.display()))?;
-        tracing::info!(library = %library.display(), "ONNX Runtime loaded");
-        Ok(Runtime { environment, library: library.to_path_buf() })
-    });
-    let runtime = runtime.as_ref().map_err(|e| Error::Engine(e.clone()))?;
-    if runtime.library != library {
+    if let Some(runtime) = RUNTIME.get() {
+        return Ok(loaded(runtime, library));
+    }
+    let _loading = LOADING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(runtime) = RUNTIME.get() {
+        return Ok(loaded(runtime, library));
+    }
+    if !library.is_file() {
+        return Err(Error::Engine(format!(
+            "the ONNX Runtime library is not at {}: run ./scripts/setup.sh (it fetches libonnxruntime.so.1.31.1 from \
+             the onnxruntime wheel on PyPI), or point --onnxruntime-lib / INFERD_ONNXRUNTIME_LIB at a \
+             libonnxruntime.so of version 1.31 or newer",
+            library.display()
+        )));
+    }
+    let builder = ort::init_from(library)
+        .map_err(|e| Error::Engine(format!("cannot load the ONNX Runtime library {}: {e}", library.display())))?;
+    let environment = builder
+        .with_name("inferd")
+        .build()
+        .map_err(|e| Error::Engine(format!("cannot start ONNX Runtime from {}: {e}", library.display())))?;
+    tracing::info!(library = %library.display(), "ONNX Runtime loaded");
+    Ok(RUNTIME.get_or_init(|| Runtime { environment, library: library.to_path_buf() }))
+}
+
+fn loaded<'a>(runtime: &'a Runtime, asked: &Path) -> &'a Runtime {
+    if runtime.library != asked {
         tracing::warn!(
             loaded = %runtime.library.display(),
-            asked = %library.display(),
+            asked = %asked.display(),
             "ONNX Runtime is loaded once per process; keeping the library loaded first"
         );
     }
-    Ok(runtime)
+    runtime
 }
 
 /// One ONNX Runtime session: what one worker thread owns.

@@ -1,1 +1,150 @@
-//! placeholder
+//! inferd-server: configuration, the model repository, the HTTP routes, the GPU probe and a graceful shutdown.
+//!
+//! [`Server::serve`] is the whole server over a listener the caller bound, stopping when a future resolves;
+//! `main` adds only the command line, telemetry and the signals.
+
+pub mod codec;
+pub mod config;
+pub mod error;
+pub mod gpu;
+pub mod http;
+pub mod models;
+
+use std::future::{Future, IntoFuture};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use inferd_core::Backend;
+use inferd_onnx::OnnxSettings;
+use tokio::net::TcpListener;
+
+pub use config::{Cli, Command, ServeConfig};
+pub use gpu::{FakeGpuProbe, GpuInfo, GpuProbe, NoGpu, NvmlProbe};
+pub use http::{app, AppState, BATCH_SIZE_HEADER, COMPUTE_TIME_HEADER, QUEUE_TIME_HEADER};
+
+use crate::gpu::GpuMonitor;
+use crate::models::{EngineSettings, Model};
+
+/// The server, built from its configuration; [`Server::serve`] runs it.
+pub struct Server {
+    config: ServeConfig,
+    gpu_probe: Option<Arc<dyn GpuProbe>>,
+}
+
+impl Server {
+    pub fn new(config: ServeConfig) -> Self {
+        Server { config, gpu_probe: None }
+    }
+
+    /// Replaces the system's GPU probe (NVML where present), for tests.
+    pub fn with_gpu_probe(mut self, probe: Arc<dyn GpuProbe>) -> Self {
+        self.gpu_probe = Some(probe);
+        self
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, then drains: readiness fails at once, no new connections
+    /// are taken, and in-flight requests get `--drain-timeout` to finish. Models load in the background, so the
+    /// probes answer (`starting`) from the first moment.
+    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+        let config = self.config;
+        let repository = config.repository();
+        let configs = models::discover(&repository)?;
+        let default_model = match (&config.default_model, configs.as_slice()) {
+            (Some(name), _) if !configs.iter().any(|c| &c.name == name) => {
+                anyhow::bail!("--default-model `{name}` is not a model in {}", repository.display())
+            }
+            (Some(name), _) => Some(name.clone()),
+            (None, [only]) => Some(only.name.clone()),
+            (None, _) => None,
+        };
+        let onnx_instances: usize =
+            configs.iter().filter(|c| c.backend == Backend::Onnx).map(|c| c.instances).sum::<usize>().max(1);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let settings = EngineSettings {
+            onnx: OnnxSettings {
+                library: config.onnxruntime_lib.clone(),
+                default_intra_op_threads: config.intra_op_threads.unwrap_or((cores / onnx_instances).max(1)),
+            },
+            default_precision: config.default_precision(),
+        };
+        let models: Vec<Arc<Model>> = configs.into_iter().map(Model::new).collect();
+        let gpu = GpuMonitor::new(self.gpu_probe.unwrap_or_else(gpu::system_probe));
+        gpu.refresh().await;
+        let state = AppState::new(http::Shared {
+            models: models.clone(),
+            default_model,
+            gpu: gpu.clone(),
+            draining: AtomicBool::new(false),
+            require_gpu: config.require_gpu,
+            max_body_bytes: config.max_body_bytes,
+        });
+
+        let refresher = tokio::spawn(gpu.refresh_every(Duration::from_millis(config.gpu_refresh_ms)));
+        let loader = {
+            let models = models.clone();
+            tokio::task::spawn_blocking(move || {
+                for model in &models {
+                    model.set_loaded(models::load_model(&model.config, &settings));
+                }
+            })
+        };
+
+        let addr = listener.local_addr()?;
+        tracing::info!(%addr, repository = %repository.display(), models = models.len(), "listening");
+        let (drain_started_tx, drain_started) = tokio::sync::oneshot::channel::<Instant>();
+        let signal = {
+            let state = state.clone();
+            async move {
+                shutdown.await;
+                state.shared().draining.store(true, Ordering::SeqCst);
+                for model in &state.shared().models {
+                    if let Some(b) = model.batcher() {
+                        b.flush();
+                    }
+                }
+                tracing::info!("shutting down: draining in-flight requests");
+                let _ = drain_started_tx.send(Instant::now());
+            }
+        };
+        let mut server = tokio::spawn(axum::serve(listener, app(state.clone())).with_graceful_shutdown(signal).into_future());
+        let drain_timeout = config.drain_timeout();
+        let served = tokio::select! {
+            served = &mut server => served,
+            Ok(started) = drain_started => {
+                let left = drain_timeout.saturating_sub(started.elapsed());
+                match tokio::time::timeout(left, &mut server).await {
+                    Ok(served) => served,
+                    Err(_) => {
+                        tracing::warn!(timeout_s = drain_timeout.as_secs_f64(), "drain timed out; closing the connections still open");
+                        server.abort();
+                        Ok(Ok(()))
+                    }
+                }
+            }
+        };
+        refresher.abort();
+        // Stop the batchers: what is still queued was abandoned by its handlers (or is answered 503).
+        loader.abort();
+        let stopped = tokio::task::spawn_blocking(move || {
+            for model in &models {
+                if let Some(b) = model.batcher() {
+                    if !b.stop(Duration::from_secs(1)) {
+                        tracing::warn!(model = model.name(), "a worker is still busy at exit");
+                    }
+                }
+            }
+        });
+        let _ = stopped.await;
+        tracing::info!("stopped");
+        served.context("the HTTP server task failed")?.context("the HTTP server failed")
+    }
+}
+
+/// Binds `--host:--port` and serves until `shutdown` resolves.
+pub async fn run(config: ServeConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let addr = std::net::SocketAddr::new(config.host, config.port);
+    let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+    Server::new(config).serve(listener, shutdown).await
+}

@@ -1,1 +1,39 @@
-fn main() {}
+//! The `inferd` binary: parses the command line, sets up logging, and runs the server until SIGTERM or SIGINT.
+
+use std::io::IsTerminal;
+
+use clap::Parser;
+use inferd_server::{Cli, Command};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(config) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(EnvFilter::try_new(&config.log).unwrap_or_else(|_| EnvFilter::new("info")))
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal())
+                .init();
+            inferd_server::run(config, shutdown_signal()).await
+        }
+    }
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the server");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}

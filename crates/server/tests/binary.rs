@@ -1,0 +1,212 @@
+//! The `inferd` binary itself, in its own process: start-up errors, signals, and a missing ONNX Runtime (which
+//! must be the first load of the process to be observed, so it cannot share a process with other tests).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A repository holding bundled models, `model.toml` edited by `edit`.
+fn repo(models: &[&str], edit: impl Fn(String) -> String) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for model in models {
+        let to = dir.path().join(model);
+        std::fs::create_dir(&to).expect("mkdir");
+        for entry in std::fs::read_dir(workspace().join("models").join(model)).expect("bundled model") {
+            let path = entry.expect("entry").path();
+            let name = path.file_name().expect("name").to_owned();
+            if name == "model.toml" {
+                std::fs::write(to.join(name), edit(std::fs::read_to_string(&path).expect("read"))).expect("write");
+            } else {
+                std::fs::copy(&path, to.join(name)).expect("copy");
+            }
+        }
+    }
+    dir
+}
+
+struct Inferd {
+    child: Child,
+    base: String,
+    /// Every line the server logged so far, as it arrives.
+    lines: mpsc::Receiver<String>,
+    log: Vec<String>,
+}
+
+impl Inferd {
+    fn start(repo: &Path, args: &[&str]) -> Inferd {
+        let lib = workspace().join(".cache/onnxruntime/libonnxruntime.so.1.31.1");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_inferd"));
+        command.args(["serve", "--host", "127.0.0.1", "--port", "0", "--models"]).arg(repo);
+        if !args.contains(&"--onnxruntime-lib") {
+            command.arg("--onnxruntime-lib").arg(&lib);
+        }
+        let mut child = command
+            .args(args)
+            .env_remove("MODEL_PATH")
+            .env_remove("AZUREML_MODEL_DIR")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("inferd starts");
+        let stderr = child.stderr.take().expect("piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut server = Inferd { child, base: String::new(), lines, log: Vec::new() };
+        let line = server.wait_for_log("listening", Duration::from_secs(30));
+        let addr = line.split("addr=").nth(1).and_then(|s| s.split_whitespace().next()).expect("an address");
+        server.base = format!("http://{addr}");
+        server
+    }
+
+    fn wait_for_log(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.log.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        panic!("no log line with {needle:?}; the log so far:\n{}", self.log.join("\n"));
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn health(&self) -> (u16, Value) {
+        let r = reqwest::get(self.url("/health")).await.expect("/health answers");
+        (r.status().as_u16(), r.json().await.expect("JSON"))
+    }
+
+    async fn wait_loaded(&self) -> Value {
+        for _ in 0..600 {
+            let (_, h) = self.health().await;
+            if h["status"] != "starting" {
+                return h;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("still loading after 30 s");
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill").args([&format!("-{name}"), &self.child.id().to_string()]).status().expect("kill runs");
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit; returns its exit code.
+    fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waitable") {
+                while let Ok(line) = self.lines.try_recv() {
+                    self.log.push(line);
+                }
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "inferd did not exit in time");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Inferd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn pixels(i: usize) -> Vec<f64> {
+    let data: Value = serde_json::from_slice(&std::fs::read(workspace().join("tests/data/digits_heldout.json")).expect("read"))
+        .expect("JSON");
+    data["pixels"][i].as_array().expect("row").iter().map(|v| v.as_f64().expect("number")).collect()
+}
+
+#[tokio::test]
+async fn sigterm_drains_in_flight_requests_and_exits_zero() {
+    let repo = repo(&["digits-candle"], |t| t.replace("max_queue_delay_us = 0", "max_queue_delay_us = 30000000"));
+    let mut server = Inferd::start(repo.path(), &[]);
+    server.wait_loaded().await;
+    let client = reqwest::Client::new();
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let request = client.post(server.url("/predict")).body(json!({ "input": [pixels(i)] }).to_string());
+            tokio::spawn(async move { request.send().await })
+        })
+        .collect();
+    let mut queued = 0;
+    for _ in 0..500 {
+        queued = server.health().await.1["models"][0]["queue_depth"].as_u64().unwrap_or(0);
+        if queued == 8 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(queued, 8, "the requests wait in the queue (30 s delay)");
+    server.signal("TERM");
+    for task in tasks {
+        let r = tokio::time::timeout(Duration::from_secs(10), task).await.expect("answered during the drain");
+        assert_eq!(r.expect("task").expect("response").status(), 200);
+    }
+    assert_eq!(server.wait_exit(Duration::from_secs(10)), Some(0));
+    assert!(server.log.iter().any(|l| l.contains("SIGTERM received")), "{}", server.log.join("\n"));
+}
+
+#[tokio::test]
+async fn sigint_on_an_idle_server_exits_zero() {
+    let repo = repo(&["digits-candle"], |t| t);
+    let mut server = Inferd::start(repo.path(), &[]);
+    server.wait_loaded().await;
+    server.signal("INT");
+    assert_eq!(server.wait_exit(Duration::from_secs(10)), Some(0));
+}
+
+#[tokio::test]
+async fn a_missing_onnx_runtime_fails_only_the_onnx_models() {
+    let repo = repo(&["digits", "digits-candle"], |t| t);
+    let server = Inferd::start(repo.path(), &["--onnxruntime-lib", "/nonexistent/libonnxruntime.so.1.31.1"]);
+    let health = server.wait_loaded().await;
+    assert_eq!(health["status"], "degraded");
+    assert_eq!(health["models"][0]["state"], "failed");
+    let error = health["models"][0]["error"].as_str().expect("an error");
+    assert!(error.contains("scripts/setup.sh") && error.contains("--onnxruntime-lib"), "says how to fix it: {error}");
+    assert_eq!(server.health().await.0, 503);
+    let client = reqwest::Client::new();
+    let r = client.post(server.url("/models/digits/predict")).body(json!({ "input": [pixels(0)] }).to_string()).send().await.expect("answers");
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.expect("JSON");
+    assert!(body["error"].as_str().expect("error").contains("failed to load"), "{body}");
+    let r = client.post(server.url("/models/digits-candle/predict")).body(json!({ "input": [pixels(0)] }).to_string()).send().await.expect("answers");
+    assert_eq!(r.status(), 200, "the candle model still serves");
+}
+
+#[test]
+fn a_broken_model_toml_stops_start_up_naming_the_file_and_field() {
+    let repo = repo(&["digits-candle"], |t| t.replace("max_batch_size = 64", "max_batch_size = 0"));
+    let out = Command::new(env!("CARGO_BIN_EXE_inferd"))
+        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--models"])
+        .arg(repo.path())
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("digits-candle/model.toml: batching.max_batch_size"), "{stderr}");
+}

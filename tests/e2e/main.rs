@@ -1,0 +1,8 @@
+//! End-to-end: a real inferd on a loopback port, real ONNX Runtime and candle engines, the bundled models, and a
+//! real HTTP client.
+
+mod bad_input;
+mod batching;
+mod health;
+mod predict;
+mod shutdown;
