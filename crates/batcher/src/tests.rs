@@ -95,6 +95,13 @@ fn rows(values: &[f32], cols: usize) -> InferRequest {
     }
 }
 
+/// Sends a one-row request of `values` from a task of its own.
+fn spawn_row(batcher: &Batcher, values: Vec<f32>) -> tokio::task::JoinHandle<Result<InferResponse, BatchError>> {
+    let b = batcher.clone();
+    let cols = values.len();
+    tokio::spawn(async move { b.infer(rows(&values, cols)).await })
+}
+
 fn batched(max: usize) -> BatchingConfig {
     BatchingConfig { max_batch_size: max, ..BatchingConfig::default() }
 }
@@ -132,16 +139,10 @@ async fn a_lone_request_is_answered() {
 async fn requests_queued_behind_a_busy_worker_share_a_batch() {
     let f = fixture(batched(64), false);
     let entered = entered(&f.gate);
-    let first = tokio::spawn({
-        let b = f.batcher.clone();
-        async move { b.infer(rows(&[0.0], 1)).await }
-    });
+    let first = spawn_row(&f.batcher, vec![0.0]);
     assert_eq!(reached_engine(&entered).await, 1, "the first batch reached the engine");
     let rest: Vec<_> = (1..=6)
-        .map(|i| {
-            let b = f.batcher.clone();
-            tokio::spawn(async move { b.infer(rows(&[i as f32], 1)).await })
-        })
+        .map(|i| spawn_row(&f.batcher, vec![i as f32]))
         .collect();
     wait_for_depth(&f.batcher, 6).await;
     f.gate.open();
@@ -154,9 +155,10 @@ async fn requests_queued_behind_a_busy_worker_share_a_batch() {
     }
     let seen = f.seen.lock().expect("seen").clone();
     assert_eq!(seen.iter().map(Vec::len).sum::<usize>(), 7);
-    // One batch may be cut ahead with the first arrival alone; the rest wait together.
-    assert!(largest >= 5, "batches were {seen:?}");
+    // While the worker is held, one batch is cut ahead with whatever has arrived by then; the rest wait
+    // together for the next. So the six queued requests run in at most two batches.
     assert!(seen.len() <= 3, "batches were {seen:?}");
+    assert!(largest >= 3, "batches were {seen:?}");
 }
 
 #[tokio::test]
@@ -176,10 +178,7 @@ async fn an_oversize_request_is_split_and_reassembled_in_order() {
 async fn a_full_queue_refuses_at_once_and_keeps_what_it_holds() {
     let f = fixture(BatchingConfig { max_queue_size: 2, ..batched(1) }, false);
     let entered = entered(&f.gate);
-    let spawn = |v: f32| {
-        let b = f.batcher.clone();
-        tokio::spawn(async move { b.infer(rows(&[v], 1)).await })
-    };
+    let spawn = |v: f32| spawn_row(&f.batcher, vec![v]);
     let running = spawn(1.0);
     assert_eq!(reached_engine(&entered).await, 1);
     let queued = [spawn(2.0), spawn(3.0)];
@@ -209,15 +208,9 @@ async fn a_panic_fails_only_its_batch_and_the_worker_carries_on() {
 async fn a_request_whose_caller_left_never_reaches_the_engine() {
     let f = fixture(batched(8), false);
     let entered = entered(&f.gate);
-    let running = tokio::spawn({
-        let b = f.batcher.clone();
-        async move { b.infer(rows(&[1.0], 1)).await }
-    });
+    let running = spawn_row(&f.batcher, vec![1.0]);
     assert_eq!(reached_engine(&entered).await, 1);
-    let abandoned = tokio::spawn({
-        let b = f.batcher.clone();
-        async move { b.infer(rows(&[42.0], 1)).await }
-    });
+    let abandoned = spawn_row(&f.batcher, vec![42.0]);
     wait_for_depth(&f.batcher, 1).await;
     abandoned.abort();
     assert!(abandoned.await.expect_err("aborted").is_cancelled());
@@ -232,10 +225,7 @@ async fn a_request_whose_caller_left_never_reaches_the_engine() {
 async fn a_deadline_fires_while_the_worker_is_busy() {
     let f = fixture(batched(8), false);
     let entered = entered(&f.gate);
-    let running = tokio::spawn({
-        let b = f.batcher.clone();
-        async move { b.infer(rows(&[1.0], 1)).await }
-    });
+    let running = spawn_row(&f.batcher, vec![1.0]);
     assert_eq!(reached_engine(&entered).await, 1);
     let mut late = rows(&[42.0], 1);
     late.deadline = Some(Instant::now() + Duration::from_millis(50));
@@ -252,10 +242,7 @@ async fn a_deadline_fires_while_the_worker_is_busy() {
 async fn shapes_batch_apart_and_all_are_answered() {
     let f = fixture(batched(64), false);
     let entered = entered(&f.gate);
-    let first = tokio::spawn({
-        let b = f.batcher.clone();
-        async move { b.infer(rows(&[0.0], 1)).await }
-    });
+    let first = spawn_row(&f.batcher, vec![0.0]);
     assert_eq!(reached_engine(&entered).await, 1);
     let tasks: Vec<_> = (0..6)
         .map(|i| {
@@ -279,10 +266,7 @@ async fn shapes_batch_apart_and_all_are_answered() {
 async fn a_queue_delay_gathers_requests_into_one_batch() {
     let f = fixture(BatchingConfig { max_queue_delay_us: 300_000, ..batched(8) }, true);
     let tasks: Vec<_> = (0..3)
-        .map(|i| {
-            let b = f.batcher.clone();
-            tokio::spawn(async move { b.infer(rows(&[i as f32], 1)).await })
-        })
+        .map(|i| spawn_row(&f.batcher, vec![i as f32]))
         .collect();
     for task in tasks {
         assert_eq!(task.await.expect("task").expect("answered").batch_rows, 3);
@@ -293,10 +277,7 @@ async fn a_queue_delay_gathers_requests_into_one_batch() {
 async fn stop_finishes_queued_work_then_refuses() {
     let f = fixture(BatchingConfig { max_queue_delay_us: 10_000_000, ..batched(8) }, true);
     let tasks: Vec<_> = (0..3)
-        .map(|i| {
-            let b = f.batcher.clone();
-            tokio::spawn(async move { b.infer(rows(&[i as f32], 1)).await })
-        })
+        .map(|i| spawn_row(&f.batcher, vec![i as f32]))
         .collect();
     wait_for_depth(&f.batcher, 3).await;
     let b = f.batcher.clone();
@@ -313,10 +294,7 @@ async fn stop_finishes_queued_work_then_refuses() {
 async fn a_stop_that_times_out_answers_what_is_left() {
     let f = fixture(batched(1), false);
     let entered = entered(&f.gate);
-    let spawn = |v: f32| {
-        let b = f.batcher.clone();
-        tokio::spawn(async move { b.infer(rows(&[v], 1)).await })
-    };
+    let spawn = |v: f32| spawn_row(&f.batcher, vec![v]);
     let running = spawn(1.0);
     assert_eq!(reached_engine(&entered).await, 1);
     let queued = [spawn(2.0), spawn(3.0)];
