@@ -19,9 +19,8 @@ fn batching_policy(c: &mut Criterion) {
 }
 
 fn concat_split(c: &mut Criterion) {
-    let rows: Vec<Tensor> = (0..64)
-        .map(|i| Tensor::from_slice(vec![1, 64], &vec![i as f32; 64]).expect("valid"))
-        .collect();
+    let rows: Vec<Tensor> =
+        (0..64).map(|i| Tensor::from_slice(vec![1, 64], &vec![i as f32; 64]).expect("valid")).collect();
     let refs: Vec<&Tensor> = rows.iter().collect();
     c.bench_function("concat_rows/64x[1,64]_fp32", |b| b.iter(|| Tensor::concat_rows(black_box(&refs))));
     let batch = Tensor::concat_rows(&refs).expect("same shapes");

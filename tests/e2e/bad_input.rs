@@ -10,7 +10,8 @@ fn row(n: usize) -> String {
 #[tokio::test]
 async fn every_bad_input_gets_a_clear_4xx() {
     let repo = Repo::new().bundled("digits").bundled("digits-candle");
-    let server = TestServer::ready(repo.path(), &["--default-model", "digits", "--max-body-bytes", "100000"], None).await;
+    let server =
+        TestServer::ready(repo.path(), &["--default-model", "digits", "--max-body-bytes", "100000"], None).await;
     let huge_claim = format!("{{\"input\": [{}]}}", vec![row(64); 10].join(","));
     let cases: Vec<(&str, String, u16, &str)> = vec![
         ("/predict", format!("{{\"input\": [{}]}}", row(63)), 400, "dimension 1 must have 64 elements"),

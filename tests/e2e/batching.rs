@@ -7,9 +7,11 @@ use serde_json::json;
 async fn sixty_four_concurrent_requests_are_answered_in_batches() {
     // A 20 ms queue delay lets a burst gather even on a machine that answers each request before the next
     // arrives; the batch size each request ran in comes back in a response header.
-    let repo = Repo::new()
-        .model("digits", "digits", |t| set_toml(t, "max_queue_delay_us", "20000"))
-        .model("digits-candle", "digits-candle", |t| set_toml(t, "max_queue_delay_us", "20000"));
+    let repo = Repo::new().model("digits", "digits", |t| set_toml(t, "max_queue_delay_us", "20000")).model(
+        "digits-candle",
+        "digits-candle",
+        |t| set_toml(t, "max_queue_delay_us", "20000"),
+    );
     let server = TestServer::ready(repo.path(), &[], None).await;
     let data = heldout();
     for model in ["digits", "digits-candle"] {
@@ -35,7 +37,8 @@ async fn sixty_four_concurrent_requests_are_answered_in_batches() {
         assert!(largest > 1, "{model}: every request ran alone");
         assert!(correct >= 61, "{model}: {correct} of 64 correct");
         let (_, health) = server.health().await;
-        let m = health["models"].as_array().expect("models").iter().find(|m| m["name"] == model).expect("listed").clone();
+        let m =
+            health["models"].as_array().expect("models").iter().find(|m| m["name"] == model).expect("listed").clone();
         assert_eq!(m["requests"], 64);
         assert_eq!(m["rows"], 64);
         assert!(m["batches"].as_u64().expect("a count") < 64, "{model}: {m}");

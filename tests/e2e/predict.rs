@@ -30,7 +30,9 @@ async fn both_bundled_models_classify_the_held_out_digits() {
     classify_heldout(&server, "/models/digits/predict").await;
     classify_heldout(&server, "/models/digits-candle/predict").await;
 
-    let r = server.post_json("/models/digits-candle/predict", &json!({ "inputs": { "input": [heldout().pixels[0]] } })).await;
+    let r = server
+        .post_json("/models/digits-candle/predict", &json!({ "inputs": { "input": [heldout().pixels[0]] } }))
+        .await;
     assert_eq!(r.status(), 200);
     let body: serde_json::Value = r.json().await.expect("JSON");
     assert_eq!(body["model"], "digits-candle");
@@ -78,6 +80,7 @@ async fn fp16_and_bf16_candle_models_stay_close_to_fp32() {
         }
     }
     let (_, health) = server.health().await;
-    let precisions: Vec<&str> = health["models"].as_array().expect("models").iter().map(|m| m["precision"].as_str().unwrap_or("")).collect();
+    let precisions: Vec<&str> =
+        health["models"].as_array().expect("models").iter().map(|m| m["precision"].as_str().unwrap_or("")).collect();
     assert_eq!(precisions, vec!["bf16", "fp16"]);
 }

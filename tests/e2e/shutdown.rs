@@ -8,9 +8,11 @@ use serde_json::json;
 #[tokio::test]
 async fn drain_loses_no_accepted_request() {
     // A long queue delay keeps the requests queued until shutdown begins; draining must run them at once.
-    let repo = Repo::new()
-        .model("digits", "digits", |t| set_toml(t, "max_queue_delay_us", "30000000"))
-        .model("digits-candle", "digits-candle", |t| set_toml(t, "max_queue_delay_us", "30000000"));
+    let repo = Repo::new().model("digits", "digits", |t| set_toml(t, "max_queue_delay_us", "30000000")).model(
+        "digits-candle",
+        "digits-candle",
+        |t| set_toml(t, "max_queue_delay_us", "30000000"),
+    );
     let mut server = TestServer::ready(repo.path(), &[], None).await;
     let data = heldout();
     let tasks: Vec<_> = (0..16)

@@ -139,6 +139,9 @@ impl Pending {
     }
 }
 
+/// Each input's data type and non-batch dimensions: requests batch only with requests of an equal key.
+type ShapeKey = [(DataType, Vec<usize>)];
+
 struct StopOnDrop(Arc<Shared>);
 
 impl Drop for StopOnDrop {
@@ -252,7 +255,10 @@ impl Batcher {
                 return Err(BatchError::Unavailable(shared.name.clone()));
             }
             if state.queue.len() + state.ready_requests + pieces.len() > shared.max_queue_size {
-                return Err(BatchError::QueueFull { model: shared.name.clone(), max_queue_size: shared.max_queue_size });
+                return Err(BatchError::QueueFull {
+                    model: shared.name.clone(),
+                    max_queue_size: shared.max_queue_size,
+                });
             }
             let receivers: Vec<_> = pieces
                 .into_iter()
@@ -272,7 +278,8 @@ impl Batcher {
         let mut answers = Vec::with_capacity(receivers.len());
         for rx in receivers {
             // A dropped sender means a worker went away without answering: a bug, reported as an engine error.
-            let answer = rx.await.unwrap_or_else(|_| Err(BatchError::Engine("the worker stopped without answering".into())))?;
+            let answer =
+                rx.await.unwrap_or_else(|_| Err(BatchError::Engine("the worker stopped without answering".into())))?;
             answers.push(answer);
         }
         if answers.len() == 1 {
@@ -281,7 +288,8 @@ impl Batcher {
         let outputs = (0..shared.metadata.outputs.len())
             .map(|i| {
                 let parts: Vec<&Tensor> = answers.iter().filter_map(|a| a.outputs.get(i)).collect();
-                Tensor::concat_rows(&parts).map_err(|e| BatchError::Engine(format!("reassembling a split request: {e}")))
+                Tensor::concat_rows(&parts)
+                    .map_err(|e| BatchError::Engine(format!("reassembling a split request: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(InferResponse {
@@ -327,7 +335,7 @@ impl Batcher {
 /// Splits `rows` into pieces of at most `max` rows.
 fn piece_rows(rows: usize, max: usize) -> Vec<usize> {
     let mut counts = vec![max; rows / max];
-    if rows % max != 0 {
+    if !rows.is_multiple_of(max) {
         counts.push(rows % max);
     }
     counts
@@ -397,7 +405,7 @@ impl Shared {
             }
             let mut wake_at = state.queue.iter().chain(state.ready.iter().flatten()).filter_map(|p| p.deadline).min();
             if state.ready.len() < self.instances {
-                let candidates: Vec<Candidate<&[(DataType, Vec<usize>)]>> = state
+                let candidates: Vec<Candidate<&ShapeKey>> = state
                     .queue
                     .iter()
                     .map(|p| Candidate { rows: p.rows, key: p.key.as_slice(), enqueued_at: p.enqueued_at })
@@ -490,7 +498,11 @@ impl Shared {
     /// Splits each output back into the requests' rows: `result[request][output]`.
     fn split_outputs(&self, outputs: Vec<Tensor>, rows: usize, counts: &[usize]) -> Result<Vec<Vec<Tensor>>, String> {
         if outputs.len() != self.metadata.outputs.len() {
-            return Err(format!("the engine returned {} outputs, expected {}", outputs.len(), self.metadata.outputs.len()));
+            return Err(format!(
+                "the engine returned {} outputs, expected {}",
+                outputs.len(),
+                self.metadata.outputs.len()
+            ));
         }
         let mut per_request: Vec<Vec<Tensor>> = counts.iter().map(|_| Vec::with_capacity(outputs.len())).collect();
         for output in outputs {

@@ -176,7 +176,10 @@ mod tests {
         let t0 = Instant::now();
         let q = queue(t0, &[(1, 0, 0), (1, 0, 50)]);
         let p = policy(8, 100, &[]);
-        assert_eq!(decide(&q, &p, t0 + Duration::from_micros(60), false), Decision::WaitUntil(t0 + Duration::from_micros(100)));
+        assert_eq!(
+            decide(&q, &p, t0 + Duration::from_micros(60), false),
+            Decision::WaitUntil(t0 + Duration::from_micros(100))
+        );
         assert_eq!(decide(&q, &p, t0 + Duration::from_micros(100), false), run(&[0, 1], 2, StopReason::QueueDelay));
     }
 
@@ -224,7 +227,10 @@ mod tests {
         let t0 = Instant::now();
         let q = queue(t0, &[(1, 0, 300), (1, 1, 100)]);
         let p = policy(8, 1_000, &[]);
-        assert_eq!(decide(&q, &p, t0 + Duration::from_micros(300), false), Decision::WaitUntil(t0 + Duration::from_micros(1_100)));
+        assert_eq!(
+            decide(&q, &p, t0 + Duration::from_micros(300), false),
+            Decision::WaitUntil(t0 + Duration::from_micros(1_100))
+        );
         // The younger group's deadline passes first; it runs even though it is not at the head of the queue.
         assert_eq!(decide(&q, &p, t0 + Duration::from_micros(1_100), false), run(&[1], 1, StopReason::QueueDelay));
     }

@@ -141,9 +141,7 @@ async fn requests_queued_behind_a_busy_worker_share_a_batch() {
     let entered = entered(&f.gate);
     let first = spawn_row(&f.batcher, vec![0.0]);
     assert_eq!(reached_engine(&entered).await, 1, "the first batch reached the engine");
-    let rest: Vec<_> = (1..=6)
-        .map(|i| spawn_row(&f.batcher, vec![i as f32]))
-        .collect();
+    let rest: Vec<_> = (1..=6).map(|i| spawn_row(&f.batcher, vec![i as f32])).collect();
     wait_for_depth(&f.batcher, 6).await;
     f.gate.open();
     assert_eq!(first.await.expect("task").expect("answered").batch_rows, 1);
@@ -265,9 +263,7 @@ async fn shapes_batch_apart_and_all_are_answered() {
 #[tokio::test]
 async fn a_queue_delay_gathers_requests_into_one_batch() {
     let f = fixture(BatchingConfig { max_queue_delay_us: 300_000, ..batched(8) }, true);
-    let tasks: Vec<_> = (0..3)
-        .map(|i| spawn_row(&f.batcher, vec![i as f32]))
-        .collect();
+    let tasks: Vec<_> = (0..3).map(|i| spawn_row(&f.batcher, vec![i as f32])).collect();
     for task in tasks {
         assert_eq!(task.await.expect("task").expect("answered").batch_rows, 3);
     }
@@ -276,9 +272,7 @@ async fn a_queue_delay_gathers_requests_into_one_batch() {
 #[tokio::test]
 async fn stop_finishes_queued_work_then_refuses() {
     let f = fixture(BatchingConfig { max_queue_delay_us: 10_000_000, ..batched(8) }, true);
-    let tasks: Vec<_> = (0..3)
-        .map(|i| spawn_row(&f.batcher, vec![i as f32]))
-        .collect();
+    let tasks: Vec<_> = (0..3).map(|i| spawn_row(&f.batcher, vec![i as f32])).collect();
     wait_for_depth(&f.batcher, 3).await;
     let b = f.batcher.clone();
     let stopped = tokio::task::spawn_blocking(move || b.stop(Duration::from_secs(5))).await.expect("join");
@@ -316,7 +310,8 @@ async fn bad_requests_are_refused_before_they_queue() {
     assert!(matches!(f.batcher.infer(none).await, Err(BatchError::InvalidInput(m)) if m.contains("takes 1 input")));
     let ints = InferRequest { inputs: vec![Tensor::from_slice(vec![1, 1], &[1i32]).expect("valid")], deadline: None };
     assert!(matches!(f.batcher.infer(ints).await, Err(BatchError::InvalidInput(m)) if m.contains("expected FP32")));
-    let empty = InferRequest { inputs: vec![Tensor::from_slice::<f32>(vec![0, 1], &[]).expect("valid")], deadline: None };
+    let empty =
+        InferRequest { inputs: vec![Tensor::from_slice::<f32>(vec![0, 1], &[]).expect("valid")], deadline: None };
     assert!(matches!(f.batcher.infer(empty).await, Err(BatchError::InvalidInput(m)) if m.contains("no rows")));
     assert_eq!(f.seen.lock().expect("seen").len(), 0);
 }

@@ -6,8 +6,8 @@ use std::path::Path;
 use candle_core::{DType, Device, Module};
 use candle_nn::{Linear, VarBuilder};
 use inferd_core::{
-    CandleOptions, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Precision,
-    Result, Tensor, TensorSpec,
+    CandleOptions, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Precision, Result, Tensor,
+    TensorSpec,
 };
 
 /// One loaded candle model: what one worker thread owns.
@@ -173,14 +173,19 @@ fn mlp_shape(options: &CandleOptions) -> std::result::Result<Vec<Activation>, St
         .enumerate()
         .map(|(i, a)| {
             Activation::parse(a).ok_or_else(|| {
-                format!("candle.activations[{i}]: unknown activation `{a}` (expected relu, gelu, tanh, sigmoid or none)")
+                format!(
+                    "candle.activations[{i}]: unknown activation `{a}` (expected relu, gelu, tanh, sigmoid or none)"
+                )
             })
         })
         .collect()
 }
 
 /// Inputs and outputs: as declared, or `input`/`output` FP32 with the first and last widths.
-fn mlp_specs(config: &ModelConfig, options: &CandleOptions) -> std::result::Result<(Vec<TensorSpec>, Vec<TensorSpec>), String> {
+fn mlp_specs(
+    config: &ModelConfig,
+    options: &CandleOptions,
+) -> std::result::Result<(Vec<TensorSpec>, Vec<TensorSpec>), String> {
     let (first, last) = (options.layers[0] as i64, options.layers[options.layers.len() - 1] as i64);
     let one = |kind: &str, declared: &[TensorSpec], width: i64| -> std::result::Result<TensorSpec, String> {
         let spec = match declared {
@@ -199,7 +204,13 @@ fn mlp_specs(config: &ModelConfig, options: &CandleOptions) -> std::result::Resu
     Ok((vec![one("input", &config.inputs, first)?], vec![one("output", &config.outputs, last)?]))
 }
 
-fn load_mlp(file: &Path, options: &CandleOptions, activations: &[Activation], dtype: DType, device: &Device) -> Result<Mlp> {
+fn load_mlp(
+    file: &Path,
+    options: &CandleOptions,
+    activations: &[Activation],
+    dtype: DType,
+    device: &Device,
+) -> Result<Mlp> {
     if !file.is_file() {
         return Err(Error::config(file, "the weights file named by `file` does not exist"));
     }

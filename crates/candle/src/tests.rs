@@ -113,19 +113,27 @@ fn fp16_inputs_and_outputs_are_served_natively() {
 fn bad_configurations_are_refused_with_the_field_named() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = write_weights(dir.path());
-    let cases: Vec<(Box<dyn Fn(&mut ModelConfig)>, &str)> = vec![
+    type Edit = Box<dyn Fn(&mut ModelConfig)>;
+    let cases: Vec<(Edit, &str)> = vec![
         (Box::new(|c| c.candle.as_mut().expect("candle").layers = vec![3]), "candle.layers"),
-        (Box::new(|c| c.candle.as_mut().expect("candle").activations = vec!["relu".into()]), "candle.activations: one per"),
+        (
+            Box::new(|c| c.candle.as_mut().expect("candle").activations = vec!["relu".into()]),
+            "candle.activations: one per",
+        ),
         (Box::new(|c| c.candle.as_mut().expect("candle").activations[0] = "swish".into()), "candle.activations[0]"),
         (Box::new(|c| c.candle.as_mut().expect("candle").architecture = "bert".into()), "candle.architecture"),
         (Box::new(|c| c.candle.as_mut().expect("candle").layers = vec![4, 2, 2]), "cannot load the weights"),
         (Box::new(|c| c.file = c.dir.join("missing.safetensors")), "does not exist"),
         (
-            Box::new(|c| c.inputs = vec![TensorSpec { name: "x".into(), datatype: DataType::Fp32, shape: vec![-1, 4] }]),
+            Box::new(|c| {
+                c.inputs = vec![TensorSpec { name: "x".into(), datatype: DataType::Fp32, shape: vec![-1, 4] }]
+            }),
             "input[0].shape",
         ),
         (
-            Box::new(|c| c.inputs = vec![TensorSpec { name: "x".into(), datatype: DataType::Int32, shape: vec![-1, 3] }]),
+            Box::new(|c| {
+                c.inputs = vec![TensorSpec { name: "x".into(), datatype: DataType::Int32, shape: vec![-1, 3] }]
+            }),
             "input[0].datatype",
         ),
     ];

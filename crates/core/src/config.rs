@@ -286,14 +286,20 @@ impl ModelConfig {
 
     fn validate(&self) -> Result<(), String> {
         if self.name.is_empty() || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
-            return Err(format!("model name `{}` (the folder's name) may hold only letters, digits, '-', '_' and '.'", self.name));
+            return Err(format!(
+                "model name `{}` (the folder's name) may hold only letters, digits, '-', '_' and '.'",
+                self.name
+            ));
         }
         if !(1..=MAX_INSTANCES).contains(&self.instances) {
             return Err(format!("instances: must be between 1 and {MAX_INSTANCES}, got {}", self.instances));
         }
         let b = &self.batching;
         if !(1..=MAX_BATCH_SIZE_LIMIT).contains(&b.max_batch_size) {
-            return Err(format!("batching.max_batch_size: must be between 1 and {MAX_BATCH_SIZE_LIMIT}, got {}", b.max_batch_size));
+            return Err(format!(
+                "batching.max_batch_size: must be between 1 and {MAX_BATCH_SIZE_LIMIT}, got {}",
+                b.max_batch_size
+            ));
         }
         if b.max_queue_size == 0 {
             return Err("batching.max_queue_size: must be at least 1".into());
@@ -324,7 +330,9 @@ impl ModelConfig {
             }
         }
         match (self.backend, &self.candle) {
-            (Backend::Candle, None) => return Err("candle: a candle model needs a [candle] table naming its architecture".into()),
+            (Backend::Candle, None) => {
+                return Err("candle: a candle model needs a [candle] table naming its architecture".into())
+            }
             (Backend::Onnx, Some(_)) => return Err("candle: only a candle model takes a [candle] table".into()),
             _ => {}
         }
@@ -419,7 +427,10 @@ mod tests {
             (format!("{base}[batching]\npreferred_batch_sizes = [128]"), "batching.preferred_batch_sizes: 128"),
             (format!("{base}[batching]\nmax_batch_sise = 3"), "max_batch_sise"),
             (format!("{base}[[input]]\nname = \"x\"\ndatatype = \"FLOAT\"\nshape = [-1]"), "unknown datatype `FLOAT`"),
-            (format!("{base}[[input]]\nname = \"x\"\ndatatype = \"FP32\"\nshape = [1, 4]"), "input[0].shape: must start with -1"),
+            (
+                format!("{base}[[input]]\nname = \"x\"\ndatatype = \"FP32\"\nshape = [1, 4]"),
+                "input[0].shape: must start with -1",
+            ),
             (format!("{base}[[input]]\nname = \"x\"\ndatatype = \"FP32\"\nshape = [-1, 0]"), "input[0].shape: 0"),
             (format!("{base}[candle]\narchitecture = \"mlp\""), "candle: only a candle model"),
             ("backend = \"candle\"\nfile = \"w\"".to_owned(), "needs a [candle] table"),
@@ -441,7 +452,8 @@ mod tests {
         std::fs::create_dir(&model_dir).expect("mkdir");
         let err = ModelConfig::load(&model_dir).expect_err("no model.toml yet").to_string();
         assert!(err.contains("model.toml: cannot read"), "{err}");
-        std::fs::write(model_dir.join(MODEL_CONFIG_FILE), "backend = \"onnx\"\nfile = \"model.onnx\"\n").expect("write");
+        std::fs::write(model_dir.join(MODEL_CONFIG_FILE), "backend = \"onnx\"\nfile = \"model.onnx\"\n")
+            .expect("write");
         let c = ModelConfig::load(&model_dir).expect("valid");
         assert_eq!(c.name, "resnet-50");
         assert_eq!(c.file, model_dir.join("model.onnx"));

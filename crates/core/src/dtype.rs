@@ -96,10 +96,7 @@ impl FromStr for DataType {
     type Err = UnknownDataType;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        DataType::ALL
-            .into_iter()
-            .find(|d| d.as_str() == s)
-            .ok_or_else(|| UnknownDataType(s.to_owned()))
+        DataType::ALL.into_iter().find(|d| d.as_str() == s).ok_or_else(|| UnknownDataType(s.to_owned()))
     }
 }
 
@@ -171,19 +168,58 @@ impl Element for bool {
 macro_rules! with_element_type {
     ($dtype:expr, $T:ident => $body:expr, BYTES => $bytes:expr $(,)?) => {
         match $dtype {
-            $crate::DataType::Bool => { type $T = bool; $body }
-            $crate::DataType::Uint8 => { type $T = u8; $body }
-            $crate::DataType::Uint16 => { type $T = u16; $body }
-            $crate::DataType::Uint32 => { type $T = u32; $body }
-            $crate::DataType::Uint64 => { type $T = u64; $body }
-            $crate::DataType::Int8 => { type $T = i8; $body }
-            $crate::DataType::Int16 => { type $T = i16; $body }
-            $crate::DataType::Int32 => { type $T = i32; $body }
-            $crate::DataType::Int64 => { type $T = i64; $body }
-            $crate::DataType::Fp16 => { type $T = $crate::half::f16; $body }
-            $crate::DataType::Fp32 => { type $T = f32; $body }
-            $crate::DataType::Fp64 => { type $T = f64; $body }
-            $crate::DataType::Bf16 => { type $T = $crate::half::bf16; $body }
+            $crate::DataType::Bool => {
+                type $T = bool;
+                $body
+            }
+            $crate::DataType::Uint8 => {
+                type $T = u8;
+                $body
+            }
+            $crate::DataType::Uint16 => {
+                type $T = u16;
+                $body
+            }
+            $crate::DataType::Uint32 => {
+                type $T = u32;
+                $body
+            }
+            $crate::DataType::Uint64 => {
+                type $T = u64;
+                $body
+            }
+            $crate::DataType::Int8 => {
+                type $T = i8;
+                $body
+            }
+            $crate::DataType::Int16 => {
+                type $T = i16;
+                $body
+            }
+            $crate::DataType::Int32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::DataType::Int64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::DataType::Fp16 => {
+                type $T = $crate::half::f16;
+                $body
+            }
+            $crate::DataType::Fp32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::DataType::Fp64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::DataType::Bf16 => {
+                type $T = $crate::half::bf16;
+                $body
+            }
             $crate::DataType::Bytes => $bytes,
         }
     };
@@ -206,7 +242,7 @@ mod tests {
 
     #[test]
     fn unknown_names_are_refused_with_the_list() {
-        let err = "FLOAT".parse::<DataType>().unwrap_err();
+        let err = "FLOAT".parse::<DataType>().expect_err("not a KServe name");
         assert!(err.to_string().contains("unknown datatype `FLOAT`"), "{err}");
         assert!("fp32".parse::<DataType>().is_err(), "names are case-sensitive, as in KServe v2");
     }

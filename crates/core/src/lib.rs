@@ -8,8 +8,8 @@ mod error;
 mod tensor;
 
 pub use config::{
-    Backend, BatchingConfig, CandleOptions, DeviceSpec, ModelConfig, OnnxOptions, Precision, TensorSpec, MAX_BATCH_SIZE_LIMIT,
-    MAX_INSTANCES, MODEL_CONFIG_FILE,
+    Backend, BatchingConfig, CandleOptions, DeviceSpec, ModelConfig, OnnxOptions, Precision, TensorSpec,
+    MAX_BATCH_SIZE_LIMIT, MAX_INSTANCES, MODEL_CONFIG_FILE,
 };
 pub use dtype::{DataType, Element, UnknownDataType};
 pub use engine::{Engine, ModelMetadata};

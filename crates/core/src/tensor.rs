@@ -222,9 +222,9 @@ mod tests {
     #[test]
     fn new_checks_the_byte_length_against_the_shape() {
         assert!(Tensor::new(DataType::Fp32, vec![2, 3], vec![0; 24]).is_ok());
-        let err = Tensor::new(DataType::Fp32, vec![2, 3], vec![0; 23]).unwrap_err();
+        let err = Tensor::new(DataType::Fp32, vec![2, 3], vec![0; 23]).expect_err("one byte short");
         assert!(err.to_string().contains("needs 24 bytes, got 23"), "{err}");
-        let err = Tensor::new(DataType::Fp32, vec![usize::MAX, 2], vec![]).unwrap_err();
+        let err = Tensor::new(DataType::Fp32, vec![usize::MAX, 2], vec![]).expect_err("overflows");
         assert!(err.to_string().contains("more elements"), "{err}");
     }
 

@@ -8,8 +8,8 @@ use inferd_core::{
     with_element_type, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Precision, Result, Tensor,
     TensorSpec,
 };
-use ort::ep::{self, ExecutionProvider};
 use ort::environment::Environment;
+use ort::ep::{self, ExecutionProvider};
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, TensorElementType, ValueType};
 
@@ -88,7 +88,10 @@ impl std::fmt::Debug for OnnxEngine {
 enum Placement {
     Cpu,
     /// GPU `n` through TensorRT (when asked) and CUDA; loading fails if they cannot be registered.
-    Gpu { device: usize, required: bool },
+    Gpu {
+        device: usize,
+        required: bool,
+    },
 }
 
 impl OnnxEngine {
@@ -119,9 +122,14 @@ impl OnnxEngine {
             }
             Err(e) => return Err(e),
         };
-        let inputs = specs_from_graph(config, "input", session.inputs().iter().map(|o| (o.name(), o.dtype())), &config.inputs)?;
-        let outputs =
-            specs_from_graph(config, "output", session.outputs().iter().map(|o| (o.name(), o.dtype())), &config.outputs)?;
+        let inputs =
+            specs_from_graph(config, "input", session.inputs().iter().map(|o| (o.name(), o.dtype())), &config.inputs)?;
+        let outputs = specs_from_graph(
+            config,
+            "output",
+            session.outputs().iter().map(|o| (o.name(), o.dtype())),
+            &config.outputs,
+        )?;
         let graph_precision = graph_precision(&inputs, &outputs);
         let tensorrt_fp16 = tensorrt_fp16(config, default_precision);
         let precision = match (placement, config.precision) {
@@ -147,7 +155,8 @@ impl OnnxEngine {
 }
 
 fn tensorrt_fp16(config: &ModelConfig, default_precision: Precision) -> bool {
-    config.onnx.tensorrt && (config.onnx.tensorrt_fp16 || config.precision.unwrap_or(default_precision) == Precision::Fp16)
+    config.onnx.tensorrt
+        && (config.onnx.tensorrt_fp16 || config.precision.unwrap_or(default_precision) == Precision::Fp16)
 }
 
 fn open_session(
@@ -218,7 +227,8 @@ fn specs_from_graph<'a>(
         let ValueType::Tensor { ty, shape, .. } = value_type else {
             return Err(bad(format!("{kind} `{name}` is not a tensor")));
         };
-        let datatype = data_type(*ty).ok_or_else(|| bad(format!("{kind} `{name}` has element type {ty:?}, which inferd does not serve")))?;
+        let datatype = data_type(*ty)
+            .ok_or_else(|| bad(format!("{kind} `{name}` has element type {ty:?}, which inferd does not serve")))?;
         let graph_shape: Vec<i64> = shape.iter().copied().collect();
         if graph_shape.first().is_some_and(|&d| d != -1) || graph_shape.is_empty() {
             return Err(bad(format!(

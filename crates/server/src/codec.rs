@@ -61,7 +61,9 @@ impl<'de> Visitor<'de> for BodySeed<'_> {
                     slots[0] = Some(map.next_value_seed(TensorSeed { spec: &specs[0] })?);
                 }
                 "inputs" => map.next_value_seed(NamedInputsSeed { specs, slots: &mut slots })?,
-                other => return Err(de::Error::custom(format!("unknown field `{other}`: expected `input` or `inputs`"))),
+                other => {
+                    return Err(de::Error::custom(format!("unknown field `{other}`: expected `input` or `inputs`")))
+                }
             }
         }
         specs
@@ -95,7 +97,10 @@ impl<'de> Visitor<'de> for NamedInputsSeed<'_, '_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         while let Some(name) = map.next_key::<String>()? {
             let Some(i) = self.specs.iter().position(|s| s.name == name) else {
-                return Err(de::Error::custom(format!("this model has no input `{name}` (it takes {})", names(self.specs))));
+                return Err(de::Error::custom(format!(
+                    "this model has no input `{name}` (it takes {})",
+                    names(self.specs)
+                )));
             };
             if self.slots[i].is_some() {
                 return Err(de::Error::custom(format!("input `{name}` is given twice")));
@@ -207,10 +212,9 @@ impl<'de> Visitor<'de> for LevelSeed<'_, '_> {
 
 fn dimension_error(spec: &TensorSpec, depth: usize, limit: Option<usize>, fixed: Option<usize>) -> String {
     match (fixed, limit) {
-        (Some(f), _) => format!(
-            "input `{}`: dimension {depth} must have {f} elements (shape {:?})",
-            spec.name, spec.shape
-        ),
+        (Some(f), _) => {
+            format!("input `{}`: dimension {depth} must have {f} elements (shape {:?})", spec.name, spec.shape)
+        }
         _ => format!(
             "input `{}`: arrays at dimension {depth} differ in length (ragged); every row needs {} elements",
             spec.name,
@@ -290,9 +294,9 @@ impl ElementSeed<'_, '_> {
 }
 
 fn integer<T: TryFrom<i128>, E: de::Error>(spec: &TensorSpec, n: Number) -> Result<T, E> {
-    n.as_integer().and_then(|i| T::try_from(i).ok()).ok_or_else(|| {
-        E::custom(format!("input `{}`: {} is not a {} value", spec.name, n.as_f64(), spec.datatype))
-    })
+    n.as_integer()
+        .and_then(|i| T::try_from(i).ok())
+        .ok_or_else(|| E::custom(format!("input `{}`: {} is not a {} value", spec.name, n.as_f64(), spec.datatype)))
 }
 
 impl<'de> Visitor<'de> for ElementSeed<'_, '_> {
@@ -435,7 +439,8 @@ mod tests {
 
     #[test]
     fn fp16_and_bf16_inputs_take_json_numbers() {
-        let t = decode_predict(br#"{"input": [[0.5, -2, 1024]]}"#, &[spec("x", DataType::Fp16, &[-1, 3])]).expect("valid");
+        let t =
+            decode_predict(br#"{"input": [[0.5, -2, 1024]]}"#, &[spec("x", DataType::Fp16, &[-1, 3])]).expect("valid");
         let values: Vec<f32> = t[0].to_vec::<f16>().expect("fp16").iter().map(|v| v.to_f32()).collect();
         assert_eq!(values, vec![0.5, -2.0, 1024.0]);
         let t = decode_predict(br#"{"input": [[0.5]]}"#, &[spec("x", DataType::Bf16, &[-1, 1])]).expect("valid");
@@ -489,7 +494,10 @@ mod tests {
         assert!(error(r#"{"input": [256]}"#, &specs).contains("not a UINT8 value"));
         assert!(error(r#"{"input": [-1]}"#, &specs).contains("not a UINT8 value"));
         assert!(error(r#"{"input": [1.5]}"#, &specs).contains("not a UINT8 value"));
-        assert_eq!(decode_predict(br#"{"input": [255, 3.0]}"#, &specs).expect("valid")[0].to_vec::<u8>().expect("u8"), vec![255, 3]);
+        assert_eq!(
+            decode_predict(br#"{"input": [255, 3.0]}"#, &specs).expect("valid")[0].to_vec::<u8>().expect("u8"),
+            vec![255, 3]
+        );
     }
 
     #[test]

@@ -134,7 +134,8 @@ mod tests {
     fn repository_falls_back_through_the_container_variables() {
         let c = ServeConfig::from_args(["--model-path", "/mnt/models"]).expect("parses");
         assert_eq!(c.repository(), PathBuf::from("/mnt/models"));
-        let c = ServeConfig::from_args(["--models", "a", "--model-path", "b", "--azureml-model-dir", "c"]).expect("parses");
+        let c =
+            ServeConfig::from_args(["--models", "a", "--model-path", "b", "--azureml-model-dir", "c"]).expect("parses");
         assert_eq!(c.repository(), PathBuf::from("a"));
         let c = ServeConfig::from_args(["--azureml-model-dir", "c"]).expect("parses");
         assert_eq!(c.repository(), PathBuf::from("c"));
@@ -143,7 +144,10 @@ mod tests {
     #[test]
     fn use_fp16_sets_the_default_precision() {
         assert_eq!(ServeConfig::from_args(["--use-fp16"]).expect("parses").default_precision(), Precision::Fp16);
-        assert_eq!(ServeConfig::from_args(["--precision", "bf16"]).expect("parses").default_precision(), Precision::Bf16);
+        assert_eq!(
+            ServeConfig::from_args(["--precision", "bf16"]).expect("parses").default_precision(),
+            Precision::Bf16
+        );
         assert!(ServeConfig::from_args(["--precision", "fp8"]).is_err());
     }
 

@@ -92,7 +92,11 @@ impl AppState {
                 Some("a GPU is required (--require-gpu), but none is visible".into())
             } else {
                 self.0.models.iter().filter_map(|m| m.batcher()).find(|b| !b.metadata().on_gpu()).map(|b| {
-                    format!("a GPU is required (--require-gpu), but model `{}` runs on {}", b.name(), b.metadata().device)
+                    format!(
+                        "a GPU is required (--require-gpu), but model `{}` runs on {}",
+                        b.name(),
+                        b.metadata().device
+                    )
                 })
             };
         }
@@ -120,7 +124,10 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn predict_default(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, AppError> {
+async fn predict_default(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, AppError> {
     let name = state.0.default_model.clone().ok_or_else(|| {
         AppError::BadRequest(format!(
             "this server has several models ({}): use /models/{{name}}/predict, or start it with --default-model",

@@ -47,7 +47,11 @@ impl Server {
     /// Serves on `listener` until `shutdown` resolves, then drains: readiness fails at once, no new connections
     /// are taken, and in-flight requests get `--drain-timeout` to finish. Models load in the background, so the
     /// probes answer (`starting`) from the first moment.
-    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
         let config = self.config;
         let repository = config.repository();
         let configs = models::discover(&repository)?;
@@ -108,7 +112,8 @@ impl Server {
                 let _ = drain_started_tx.send(Instant::now());
             }
         };
-        let mut server = tokio::spawn(axum::serve(listener, app(state.clone())).with_graceful_shutdown(signal).into_future());
+        let mut server =
+            tokio::spawn(axum::serve(listener, app(state.clone())).with_graceful_shutdown(signal).into_future());
         let drain_timeout = config.drain_timeout();
         let served = tokio::select! {
             served = &mut server => served,

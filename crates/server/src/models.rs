@@ -52,15 +52,13 @@ pub fn load_model(config: &ModelConfig, settings: &EngineSettings) -> Result<Bat
     let mut engines = Vec::with_capacity(config.instances);
     for _ in 0..config.instances {
         let mut engine = build_engine(config, settings).map_err(|e| e.to_string())?;
-        let warm_up = engine
-            .metadata()
-            .warm_up_inputs(config.batching.max_batch_size)
-            .map_err(|e| format!("warm-up: {e}"))?;
+        let warm_up =
+            engine.metadata().warm_up_inputs(config.batching.max_batch_size).map_err(|e| format!("warm-up: {e}"))?;
         engine.run(&warm_up).map_err(|e| format!("warm-up at batch size {}: {e}", config.batching.max_batch_size))?;
         engines.push(engine);
     }
-    let batcher =
-        Batcher::start(&config.name, &config.batching, engines).map_err(|e| format!("cannot start its threads: {e}"))?;
+    let batcher = Batcher::start(&config.name, &config.batching, engines)
+        .map_err(|e| format!("cannot start its threads: {e}"))?;
     let meta = batcher.metadata();
     tracing::info!(
         model = %config.name,

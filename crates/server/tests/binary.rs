@@ -107,7 +107,8 @@ impl Inferd {
     }
 
     fn signal(&self, name: &str) {
-        let status = Command::new("kill").args([&format!("-{name}"), &self.child.id().to_string()]).status().expect("kill runs");
+        let status =
+            Command::new("kill").args([&format!("-{name}"), &self.child.id().to_string()]).status().expect("kill runs");
         assert!(status.success());
     }
 
@@ -135,8 +136,9 @@ impl Drop for Inferd {
 }
 
 fn pixels(i: usize) -> Vec<f64> {
-    let data: Value = serde_json::from_slice(&std::fs::read(workspace().join("tests/data/digits_heldout.json")).expect("read"))
-        .expect("JSON");
+    let data: Value =
+        serde_json::from_slice(&std::fs::read(workspace().join("tests/data/digits_heldout.json")).expect("read"))
+            .expect("JSON");
     data["pixels"][i].as_array().expect("row").iter().map(|v| v.as_f64().expect("number")).collect()
 }
 
@@ -190,11 +192,21 @@ async fn a_missing_onnx_runtime_fails_only_the_onnx_models() {
     assert!(error.contains("scripts/setup.sh") && error.contains("--onnxruntime-lib"), "says how to fix it: {error}");
     assert_eq!(server.health().await.0, 503);
     let client = reqwest::Client::new();
-    let r = client.post(server.url("/models/digits/predict")).body(json!({ "input": [pixels(0)] }).to_string()).send().await.expect("answers");
+    let r = client
+        .post(server.url("/models/digits/predict"))
+        .body(json!({ "input": [pixels(0)] }).to_string())
+        .send()
+        .await
+        .expect("answers");
     assert_eq!(r.status(), 503);
     let body: Value = r.json().await.expect("JSON");
     assert!(body["error"].as_str().expect("error").contains("failed to load"), "{body}");
-    let r = client.post(server.url("/models/digits-candle/predict")).body(json!({ "input": [pixels(0)] }).to_string()).send().await.expect("answers");
+    let r = client
+        .post(server.url("/models/digits-candle/predict"))
+        .body(json!({ "input": [pixels(0)] }).to_string())
+        .send()
+        .await
+        .expect("answers");
     assert_eq!(r.status(), 200, "the candle model still serves");
 }
 
