@@ -64,3 +64,34 @@ async fn an_oversize_request_is_split_across_batches_and_reassembled() {
     let (_, health) = server.health().await;
     assert_eq!(health["models"][0]["batches"], 7, "50 rows in batches of at most 8");
 }
+
+#[tokio::test]
+async fn a_full_queue_sheds_load_with_429_and_retry_after() {
+    let repo = Repo::new()
+        .model("digits", "digits", |t| set_toml(set_toml(t, "max_queue_delay_us", "30000000"), "max_queue_size", "2"));
+    let mut server = TestServer::ready(repo.path(), &[], None).await;
+    let data = heldout();
+    let held: Vec<_> = (0..2)
+        .map(|i| {
+            let request =
+                server.client.post(server.url("/predict")).body(json!({ "input": [data.pixels[i]] }).to_string());
+            tokio::spawn(async move { request.send().await })
+        })
+        .collect();
+    for _ in 0..500 {
+        if server.health().await.1["models"][0]["queue_depth"] == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let r = server.post_json("/predict", &json!({ "input": [data.pixels[2]] })).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let error = r.json::<serde_json::Value>().await.expect("JSON")["error"].as_str().expect("error").to_owned();
+    assert!(error.contains("queue of model `digits` is full"), "{error}");
+    // The queued requests were not harmed: draining runs them.
+    server.begin_shutdown();
+    for task in held {
+        assert_eq!(task.await.expect("task").expect("response").status(), 200);
+    }
+}
