@@ -8,6 +8,8 @@ the pixels as they are.
 Writes, next to this script:
   digits/model.onnx                 ONNX (opset 17): input `input` FP32 [-1, 64] -> output `logits` FP32 [-1, 10]
   digits-candle/model.safetensors   the same weights for inferd's candle `mlp` architecture (fc1, fc2; torch layout)
+  digits-fp16/model.onnx            the same network in FP16: FP16 weights, input and output
+  digits-fp16-candle/model.safetensors  FP16 weights for the candle `mlp`
   ../tests/data/digits_heldout.json the held-out split (raw pixels and labels) the end-to-end tests classify, and
                                     reference logits for its first rows, computed here in float64 with numpy
 and prints the held-out accuracy, checked through ONNX Runtime.
@@ -47,8 +49,9 @@ def train():
     return (fc1_w, fc1_b, fc2_w, fc2_b), (x_test, y_test)
 
 
-def export_onnx(weights, path):
-    fc1_w, fc1_b, fc2_w, fc2_b = weights
+def export_onnx(weights, path, dtype=np.float32):
+    fc1_w, fc1_b, fc2_w, fc2_b = (w.astype(dtype) for w in weights)
+    elem = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
     inits = [
         numpy_helper.from_array(fc1_w, "fc1.weight"),
         numpy_helper.from_array(fc1_b, "fc1.bias"),
@@ -63,8 +66,8 @@ def export_onnx(weights, path):
     graph = helper.make_graph(
         nodes,
         "digits",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 64])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        [helper.make_tensor_value_info("input", elem, ["batch", 64])],
+        [helper.make_tensor_value_info("logits", elem, ["batch", 10])],
         initializer=inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="inferd")
@@ -74,8 +77,8 @@ def export_onnx(weights, path):
     onnx.save(model, str(path))
 
 
-def export_safetensors(weights, path):
-    fc1_w, fc1_b, fc2_w, fc2_b = weights
+def export_safetensors(weights, path, dtype=np.float32):
+    fc1_w, fc1_b, fc2_w, fc2_b = (np.ascontiguousarray(w, dtype=dtype) for w in weights)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file({"fc1.weight": fc1_w, "fc1.bias": fc1_b, "fc2.weight": fc2_w, "fc2.bias": fc2_b}, str(path))
 
@@ -99,6 +102,8 @@ def main():
     onnx_path = HERE / "digits" / "model.onnx"
     export_onnx(weights, onnx_path)
     export_safetensors(weights, HERE / "digits-candle" / "model.safetensors")
+    export_onnx(weights, HERE / "digits-fp16" / "model.onnx", np.float16)
+    export_safetensors(weights, HERE / "digits-fp16-candle" / "model.safetensors", np.float16)
     data = HERE.parent / "tests" / "data" / "digits_heldout.json"
     data.parent.mkdir(parents=True, exist_ok=True)
     reference = reference_logits(weights, x_test[:16])
@@ -113,6 +118,8 @@ def main():
     )
     acc = accuracy_with_onnxruntime(onnx_path, x_test, y_test)
     print(f"held-out accuracy (ONNX Runtime, {len(y_test)} images): {acc:.4f}")
+    acc16 = accuracy_with_onnxruntime(HERE / "digits-fp16" / "model.onnx", x_test.astype(np.float16), y_test)
+    print(f"held-out accuracy, FP16 graph (ONNX Runtime, {len(y_test)} images): {acc16:.4f}")
 
 
 if __name__ == "__main__":

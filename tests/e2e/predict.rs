@@ -84,3 +84,20 @@ async fn fp16_and_bf16_candle_models_stay_close_to_fp32() {
         health["models"].as_array().expect("models").iter().map(|m| m["precision"].as_str().unwrap_or("")).collect();
     assert_eq!(precisions, vec!["bf16", "fp16"]);
 }
+
+#[tokio::test]
+async fn json_numbers_reach_fp16_models_and_come_back_as_numbers() {
+    let repo = Repo::new().bundled("digits-fp16").bundled("digits-fp16-candle");
+    let server = TestServer::ready(repo.path(), &[], None).await;
+    let data = heldout();
+    for model in ["digits-fp16", "digits-fp16-candle"] {
+        let r = server.post_json(&format!("/models/{model}/predict"), &json!({ "input": data.pixels[..16] })).await;
+        assert_eq!(r.status(), 200, "{model}");
+        let rows = prediction_rows(&r.json().await.expect("JSON"));
+        for (got, want) in rows.iter().zip(&data.reference_logits) {
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() <= 2e-2 * w.abs().max(1.0), "{model}: {got:?} vs {want:?}");
+            }
+        }
+    }
+}

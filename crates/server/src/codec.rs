@@ -121,8 +121,43 @@ struct Fill<'a> {
     spec: &'a TensorSpec,
     /// Each dimension's length, known once its first array closes.
     dims: Vec<Option<usize>>,
+    sink: Sink<'a>,
+}
+
+/// Decoded elements of one tensor, as typed little-endian bytes (or byte strings for `BYTES`).
+struct Sink<'a> {
+    spec: &'a TensorSpec,
     bytes: Vec<u8>,
     strings: Vec<Vec<u8>>,
+    count: usize,
+    /// Elements allowed at most.
+    limit: usize,
+}
+
+impl<'a> Sink<'a> {
+    fn new(spec: &'a TensorSpec, limit: usize) -> Self {
+        Sink { spec, bytes: Vec::new(), strings: Vec::new(), count: 0, limit }
+    }
+
+    fn counted<E: de::Error>(&mut self) -> Result<(), E> {
+        self.count += 1;
+        if self.count > self.limit {
+            return Err(E::custom(format!(
+                "input `{}`: more elements than its shape holds ({})",
+                self.spec.name, self.limit
+            )));
+        }
+        Ok(())
+    }
+
+    fn into_tensor(self, shape: Vec<usize>) -> Result<Tensor, String> {
+        let tensor = if self.spec.datatype == DataType::Bytes {
+            Tensor::from_byte_strings(shape, self.strings)
+        } else {
+            Tensor::new(self.spec.datatype, shape, self.bytes)
+        };
+        tensor.map_err(|e| format!("input `{}`: {e}", self.spec.name))
+    }
 }
 
 impl<'de> DeserializeSeed<'de> for TensorSeed<'_> {
@@ -130,16 +165,11 @@ impl<'de> DeserializeSeed<'de> for TensorSeed<'_> {
 
     fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Tensor, D::Error> {
         let spec = self.spec;
-        let mut fill = Fill { spec, dims: vec![None; spec.shape.len()], bytes: Vec::new(), strings: Vec::new() };
+        let mut fill = Fill { spec, dims: vec![None; spec.shape.len()], sink: Sink::new(spec, usize::MAX) };
         LevelSeed { depth: 0, fill: &mut fill }.deserialize(deserializer)?;
         // Every level closed at least once (empty levels were refused), so every dimension is known.
         let shape: Vec<usize> = fill.dims.iter().map(|d| d.unwrap_or(0)).collect();
-        let tensor = if spec.datatype == DataType::Bytes {
-            Tensor::from_byte_strings(shape, fill.strings)
-        } else {
-            Tensor::new(spec.datatype, shape, fill.bytes)
-        };
-        tensor.map_err(|e| de::Error::custom(format!("input `{}`: {e}", spec.name)))
+        fill.sink.into_tensor(shape).map_err(de::Error::custom)
     }
 }
 
@@ -181,7 +211,7 @@ impl<'de> Visitor<'de> for LevelSeed<'_, '_> {
         let mut n = 0usize;
         loop {
             let more = if innermost {
-                seq.next_element_seed(ElementSeed { fill: &mut *fill })?
+                seq.next_element_seed(ElementSeed { sink: &mut fill.sink })?
             } else {
                 seq.next_element_seed(LevelSeed { depth: depth + 1, fill: &mut *fill })?
             };
@@ -223,8 +253,8 @@ fn dimension_error(spec: &TensorSpec, depth: usize, limit: Option<usize>, fixed:
     }
 }
 
-struct ElementSeed<'f, 'a> {
-    fill: &'f mut Fill<'a>,
+struct ElementSeed<'s, 'a> {
+    sink: &'s mut Sink<'a>,
 }
 
 impl<'de> DeserializeSeed<'de> for ElementSeed<'_, '_> {
@@ -262,10 +292,11 @@ impl Number {
     }
 }
 
-impl ElementSeed<'_, '_> {
-    fn number<E: de::Error>(self, n: Number) -> Result<(), E> {
-        let spec = self.fill.spec;
-        let out = &mut self.fill.bytes;
+impl Sink<'_> {
+    fn number<E: de::Error>(&mut self, n: Number) -> Result<(), E> {
+        self.counted()?;
+        let spec = self.spec;
+        let out = &mut self.bytes;
         let float = |v: f64| -> Result<f64, E> {
             if v.is_finite() {
                 Ok(v)
@@ -291,6 +322,34 @@ impl ElementSeed<'_, '_> {
         }
         Ok(())
     }
+
+    fn boolean<E: de::Error>(&mut self, v: bool) -> Result<(), E> {
+        if self.spec.datatype != DataType::Bool {
+            return Err(de::Error::invalid_type(de::Unexpected::Bool(v), &Expecting(self)));
+        }
+        self.counted()?;
+        v.put(&mut self.bytes);
+        Ok(())
+    }
+
+    fn string<E: de::Error>(&mut self, v: &str) -> Result<(), E> {
+        if self.spec.datatype != DataType::Bytes {
+            return Err(de::Error::invalid_type(de::Unexpected::Str(v), &Expecting(self)));
+        }
+        self.counted()?;
+        self.strings.push(v.as_bytes().to_vec());
+        Ok(())
+    }
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let spec = self.spec;
+        let what = match spec.datatype {
+            DataType::Bool => "true or false",
+            DataType::Bytes => "a string",
+            _ => "a number",
+        };
+        write!(f, "{what} (an element of input `{}`, {} {:?})", spec.name, spec.datatype, spec.shape)
+    }
 }
 
 fn integer<T: TryFrom<i128>, E: de::Error>(spec: &TensorSpec, n: Number) -> Result<T, E> {
@@ -299,45 +358,105 @@ fn integer<T: TryFrom<i128>, E: de::Error>(spec: &TensorSpec, n: Number) -> Resu
         .ok_or_else(|| E::custom(format!("input `{}`: {} is not a {} value", spec.name, n.as_f64(), spec.datatype)))
 }
 
+/// Visits one element; an array here is one dimension too many.
 impl<'de> Visitor<'de> for ElementSeed<'_, '_> {
     type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let spec = self.fill.spec;
-        let what = match spec.datatype {
-            DataType::Bool => "true or false",
-            DataType::Bytes => "a string",
-            _ => "a number",
-        };
-        write!(f, "{what} (an element of input `{}`, {} {:?})", spec.name, spec.datatype, spec.shape)
+        self.sink.expecting(f)
     }
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.number(Number::I(v))
+        self.sink.number(Number::I(v))
     }
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.number(Number::U(v))
+        self.sink.number(Number::U(v))
     }
 
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        self.number(Number::F(v))
+        self.sink.number(Number::F(v))
     }
 
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
-        if self.fill.spec.datatype != DataType::Bool {
-            return Err(de::Error::invalid_type(de::Unexpected::Bool(v), &self));
-        }
-        v.put(&mut self.fill.bytes);
-        Ok(())
+        self.sink.boolean(v)
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        if self.fill.spec.datatype != DataType::Bytes {
-            return Err(de::Error::invalid_type(de::Unexpected::Str(v), &self));
-        }
-        self.fill.strings.push(v.as_bytes().to_vec());
+        self.sink.string(v)
+    }
+}
+
+/// A sink's description of what it expects, for serde's type errors.
+struct Expecting<'s, 'a>(&'s Sink<'a>);
+
+impl de::Expected for Expecting<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.expecting(f)
+    }
+}
+
+/// Decodes a KServe v2 `data` field, flat or nested (read in row-major order), into a tensor of `spec`'s type
+/// and the request's `shape`. The elements must be exactly as many as the shape holds; more are refused as they
+/// arrive, so nothing is allocated beyond what the body carries.
+pub fn decode_flat(data: &str, spec: &TensorSpec, shape: Vec<usize>) -> Result<Tensor, String> {
+    let expected = inferd_core::element_count(&shape).map_err(|e| format!("input `{}`: {e}", spec.name))?;
+    let mut sink = Sink::new(spec, expected);
+    let mut de = serde_json::Deserializer::from_str(data);
+    FlatSeed { sink: &mut sink }.deserialize(&mut de).map_err(|e| e.to_string())?;
+    if sink.count != expected {
+        return Err(format!(
+            "input `{}`: `data` holds {} elements, but shape {shape:?} needs {expected}",
+            spec.name, sink.count
+        ));
+    }
+    sink.into_tensor(shape)
+}
+
+/// One item of a v2 `data` array: an element, or a nested array of them.
+struct FlatSeed<'s, 'a> {
+    sink: &'s mut Sink<'a>,
+}
+
+impl<'de> DeserializeSeed<'de> for FlatSeed<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FlatSeed<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array of ")?;
+        self.sink.expecting(f)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(FlatSeed { sink: &mut *self.sink })?.is_some() {}
         Ok(())
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        self.sink.number(Number::I(v))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        self.sink.number(Number::U(v))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        self.sink.number(Number::F(v))
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
+        self.sink.boolean(v)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.sink.string(v)
     }
 }
 
@@ -350,6 +469,20 @@ impl Serialize for NestedJson<'_> {
             return ElementJson { tensor: self.0, index: 0 }.serialize(serializer);
         }
         Level { tensor: self.0, depth: 0, offset: 0 }.serialize(serializer)
+    }
+}
+
+/// Serializes a tensor's elements as one flat JSON array, as KServe v2 answers.
+pub struct FlatJson<'a>(pub &'a Tensor);
+
+impl Serialize for FlatJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let n = self.0.element_count();
+        let mut seq = serializer.serialize_seq(Some(n))?;
+        for index in 0..n {
+            seq.serialize_element(&ElementJson { tensor: self.0, index })?;
+        }
+        seq.end()
     }
 }
 

@@ -53,7 +53,7 @@ impl AppState {
         &self.0
     }
 
-    fn model(&self, name: &str) -> Result<&Arc<Model>, AppError> {
+    pub(crate) fn model(&self, name: &str) -> Result<&Arc<Model>, AppError> {
         self.0.models.iter().find(|m| m.name() == name).ok_or_else(|| {
             AppError::NotFound(format!("no model named `{name}` (this server has {})", self.model_names()))
         })
@@ -64,11 +64,19 @@ impl AppState {
     }
 
     /// The model's running batcher, or why there is none.
-    fn batcher(&self, name: &str) -> Result<Batcher, AppError> {
+    pub(crate) fn batcher(&self, name: &str) -> Result<Batcher, AppError> {
         match self.model(name)?.state() {
             ModelState::Ready(batcher) => Ok(batcher.clone()),
             ModelState::Loading => Err(AppError::Unavailable(format!("model `{name}` is still loading"))),
             ModelState::Failed(e) => Err(AppError::Unavailable(format!("model `{name}` failed to load: {e}"))),
+        }
+    }
+
+    /// Why the server is not ready, or `None` when it is.
+    pub(crate) fn readiness(&self) -> Option<String> {
+        match self.assess(&self.0.gpu.snapshot()) {
+            ("healthy", _) => None,
+            (status, reason) => Some(reason.unwrap_or_else(|| status.to_owned())),
         }
     }
 
@@ -115,9 +123,14 @@ pub fn app(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/health/live", get(live))
         .route("/health/ready", get(ready))
+        .merge(crate::v2::routes())
         .fallback(|| async { AppError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { AppError::MethodNotAllowed("method not allowed on this route".into()) })
         .layer(DefaultBodyLimit::max(max_body))
+        // The body limit applies to what the decompression layer hands on, so a small compressed body cannot
+        // expand past it.
+        .layer(tower_http::decompression::RequestDecompressionLayer::new())
+        .layer(tower_http::compression::CompressionLayer::new())
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
             AppError::Internal("the request handler panicked".into()).into_response()
         }))
@@ -146,7 +159,7 @@ async fn predict_named(
     predict(state, &name, body).await
 }
 
-fn body_error(rejection: BytesRejection) -> AppError {
+pub(crate) fn body_error(rejection: BytesRejection) -> AppError {
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
         AppError::PayloadTooLarge("the request body is larger than this server takes (--max-body-bytes)".into())
     } else {
@@ -155,7 +168,10 @@ fn body_error(rejection: BytesRejection) -> AppError {
 }
 
 /// Runs codec work inline when it is small, on the blocking pool when it is not.
-async fn codec_work<T: Send + 'static>(size: usize, work: impl FnOnce() -> T + Send + 'static) -> Result<T, AppError> {
+pub(crate) async fn codec_work<T: Send + 'static>(
+    size: usize,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, AppError> {
     if size <= INLINE_CODEC_BYTES {
         Ok(work())
     } else {
@@ -191,7 +207,7 @@ async fn predict(state: AppState, name: &str, body: Result<Bytes, BytesRejection
     Ok((headers, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response())
 }
 
-fn served_headers(batch_rows: usize, queue: std::time::Duration, compute: std::time::Duration) -> HeaderMap {
+pub(crate) fn served_headers(batch_rows: usize, queue: std::time::Duration, compute: std::time::Duration) -> HeaderMap {
     let mut headers = HeaderMap::new();
     for (name, value) in [
         (BATCH_SIZE_HEADER, batch_rows as u128),
@@ -312,8 +328,7 @@ async fn live() -> Json<serde_json::Value> {
 }
 
 async fn ready(State(state): State<AppState>) -> Response {
-    let gpus = state.0.gpu.snapshot();
-    match state.assess(&gpus) {
+    match state.assess(&state.0.gpu.snapshot()) {
         ("healthy", _) => Json(serde_json::json!({ "status": "ready" })).into_response(),
         (status, reason) => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -9,6 +9,7 @@ pub mod error;
 pub mod gpu;
 pub mod http;
 pub mod models;
+pub mod v2;
 
 use std::future::{Future, IntoFuture};
 use std::sync::atomic::{AtomicBool, Ordering};

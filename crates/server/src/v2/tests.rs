@@ -1,0 +1,189 @@
+//! The v2 codec's edge cases: header lengths, binary sizes that disagree with shapes, and round trips.
+
+use inferd_core::half::f16;
+use inferd_core::Precision;
+
+use super::*;
+
+fn meta() -> ModelMetadata {
+    let spec = |name: &str, datatype, shape: &[i64]| TensorSpec { name: name.into(), datatype, shape: shape.to_vec() };
+    ModelMetadata {
+        inputs: vec![spec("x", DataType::Fp32, &[-1, 2]), spec("s", DataType::Bytes, &[-1, 1])],
+        outputs: vec![spec("y", DataType::Fp16, &[-1, 2]), spec("n", DataType::Int64, &[-1])],
+        device: "cpu".into(),
+        precision: Precision::Fp32,
+        platform: "test",
+    }
+}
+
+/// A body of `json` followed by `binary`, and its header length.
+fn body(json: &serde_json::Value, binary: &[u8]) -> (Vec<u8>, usize) {
+    let mut b = json.to_string().into_bytes();
+    let len = b.len();
+    b.extend_from_slice(binary);
+    (b, len)
+}
+
+fn fp32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn bytes_element(s: &[u8]) -> Vec<u8> {
+    let mut out = (s.len() as u32).to_le_bytes().to_vec();
+    out.extend_from_slice(s);
+    out
+}
+
+fn request(x_binary: Option<usize>, s_binary: Option<usize>) -> serde_json::Value {
+    let x = match x_binary {
+        Some(n) => json!({ "name": "x", "shape": [2, 2], "datatype": "FP32", "parameters": { "binary_data_size": n } }),
+        None => json!({ "name": "x", "shape": [2, 2], "datatype": "FP32", "data": [[1, 2], [3, 4]] }),
+    };
+    let s = match s_binary {
+        Some(n) => {
+            json!({ "name": "s", "shape": [2, 1], "datatype": "BYTES", "parameters": { "binary_data_size": n } })
+        }
+        None => json!({ "name": "s", "shape": [2, 1], "datatype": "BYTES", "data": ["a", "bc"] }),
+    };
+    json!({ "id": "r1", "inputs": [x, s] })
+}
+
+#[test]
+fn json_and_binary_inputs_decode_alike() {
+    let (json_only, _) = body(&request(None, None), &[]);
+    let from_json = decode_infer(&json_only, None, &meta()).expect("valid");
+    let mut blobs = fp32_bytes(&[1.0, 2.0, 3.0, 4.0]);
+    let strings: Vec<u8> = [bytes_element(b"a"), bytes_element(b"bc")].concat();
+    let (mixed, len) = body(&request(Some(16), Some(strings.len())), &[blobs.clone(), strings.clone()].concat());
+    let from_binary = decode_infer(&mixed, Some(len), &meta()).expect("valid");
+    assert_eq!(from_json.inputs, from_binary.inputs);
+    assert_eq!(from_json.id.as_deref(), Some("r1"));
+    assert_eq!(from_json.inputs[0].to_vec::<f32>().expect("fp32"), vec![1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(from_json.outputs, vec![(0, false), (1, false)]);
+    // Binary in JSON order even when that differs from the model's order.
+    blobs.clear();
+    let reordered = json!({ "inputs": [request(None, Some(strings.len()))["inputs"][1].clone(), request(Some(16), None)["inputs"][0].clone()] });
+    let (b, len) = body(&reordered, &[strings, fp32_bytes(&[1.0, 2.0, 3.0, 4.0])].concat());
+    assert_eq!(decode_infer(&b, Some(len), &meta()).expect("valid").inputs, from_json.inputs);
+}
+
+fn error(body: &[u8], header: Option<usize>) -> String {
+    decode_infer(body, header, &meta()).expect_err("refused")
+}
+
+#[test]
+fn header_lengths_out_of_range_are_refused() {
+    let (b, len) = body(&request(None, None), &[]);
+    assert!(error(&b, Some(b.len() + 1)).contains("body holds only"));
+    assert!(error(&b, Some(0)).contains("invalid inference request JSON"));
+    assert!(error(&b, Some(len - 1)).contains("invalid inference request JSON"));
+}
+
+#[test]
+fn binary_sizes_that_disagree_with_shapes_are_refused() {
+    let strings: Vec<u8> = [bytes_element(b"a"), bytes_element(b"bc")].concat();
+    let cases: Vec<(serde_json::Value, Vec<u8>, &str)> = vec![
+        // 12 bytes for a 2x2 FP32 tensor.
+        (request(Some(12), None), fp32_bytes(&[1.0, 2.0, 3.0]), "needs 16 bytes"),
+        // A size larger than what is left.
+        (request(Some(64), None), fp32_bytes(&[1.0, 2.0, 3.0, 4.0]), "only 16 bytes of binary data are left"),
+        // Bytes left over.
+        (request(Some(16), None), fp32_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0]), "4 bytes of binary data follow"),
+        // A BYTES element whose length runs past its data.
+        (request(None, Some(10)), [bytes_element(b"a"), vec![9, 0, 0, 0, b'x']].concat(), "runs past"),
+        // A length prefix cut short.
+        (request(None, Some(7)), [bytes_element(b"a"), vec![9, 0]].concat(), "and a partial one"),
+        // One BYTES element for a shape of two.
+        (request(None, Some(5)), bytes_element(b"a"), "holds 1 BYTES elements"),
+        // Three BYTES elements for a shape of two.
+        (request(None, Some(strings.len() + 5)), [strings.clone(), bytes_element(b"d")].concat(), "needs 2"),
+    ];
+    for (json, binary, expected) in cases {
+        let (b, len) = body(&json, &binary);
+        let err = error(&b, Some(len));
+        assert!(err.contains(expected), "expected {expected:?} in {err:?}");
+    }
+}
+
+#[test]
+fn shapes_datatypes_and_names_are_checked() {
+    let with = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut r = request(None, None);
+        edit(&mut r);
+        error(r.to_string().as_bytes(), None)
+    };
+    assert!(with(&|r| r["inputs"][0]["shape"] = json!([2, 3])).contains("does not fit the model's [-1, 2]"));
+    assert!(with(&|r| r["inputs"][0]["shape"] = json!([-2, 2])).contains("negative dimension"));
+    assert!(with(&|r| r["inputs"][0]["shape"] = json!([3, 2])).contains("holds 4 elements, but shape [3, 2] needs 6"));
+    assert!(with(&|r| r["inputs"][0]["shape"] = json!([1, 2])).contains("more elements than its shape holds"));
+    assert!(with(&|r| r["inputs"][0]["datatype"] = json!("INT32")).contains("the model takes FP32, got INT32"));
+    assert!(with(&|r| r["inputs"][0]["datatype"] = json!("FLOAT")).contains("unknown datatype"));
+    assert!(with(&|r| r["inputs"][0]["name"] = json!("z")).contains("unexpected input `z`"));
+    assert!(with(&|r| r["inputs"][1] = r["inputs"][0].clone()).contains("given twice"));
+    assert!(with(&|r| r["inputs"] = json!([r["inputs"][0].clone()])).contains("missing input `s`"));
+    assert!(with(&|r| r["inputs"][0]["data"] = json!(null)).contains("neither"));
+    assert!(with(&|r| r["outputs"] = json!([{ "name": "q" }])).contains("unexpected output `q`"));
+    assert!(with(&|r| r["outputs"] = json!([{ "name": "y", "parameters": { "classification": 3 } }]))
+        .contains("classification"));
+    assert!(with(&|r| r["parameters"] = json!({ "timeout": "soon" })).contains("invalid inference request JSON"));
+}
+
+#[test]
+fn a_claimed_shape_far_larger_than_the_body_allocates_nothing_for_it() {
+    let r = json!({ "inputs": [
+        { "name": "x", "shape": [1_000_000_000_000u64, 2], "datatype": "FP32", "parameters": { "binary_data_size": 8 } },
+        { "name": "s", "shape": [1, 1], "datatype": "BYTES", "data": ["a"] },
+    ]});
+    let (b, len) = body(&r, &fp32_bytes(&[1.0, 2.0]));
+    assert!(error(&b, Some(len)).contains("needs 8000000000000 bytes"));
+    let r = json!({ "inputs": [
+        { "name": "x", "shape": [4_611_686_018_427_387_904u64, 4], "datatype": "FP32", "data": [1, 2] },
+        { "name": "s", "shape": [1, 1], "datatype": "BYTES", "data": ["a"] },
+    ]});
+    assert!(error(r.to_string().as_bytes(), None).contains("does not fit"));
+}
+
+#[test]
+fn json_numbers_are_converted_for_float_inputs_and_timeouts_read() {
+    let mut r = request(None, None);
+    r["inputs"][0]["datatype"] = json!("FP64");
+    r["parameters"] = json!({ "timeout": 2500, "priority": 1, "binary_data_output": true });
+    r["outputs"] = json!([{ "name": "n" }, { "name": "y", "parameters": { "binary_data": false } }]);
+    let d = decode_infer(r.to_string().as_bytes(), None, &meta()).expect("valid");
+    assert_eq!(d.inputs[0].dtype(), DataType::Fp32);
+    assert_eq!(d.timeout, Some(Duration::from_micros(2500)));
+    assert_eq!(d.outputs, vec![(1, true), (0, false)]);
+}
+
+#[test]
+fn answers_put_binary_outputs_after_the_json() {
+    let y = Tensor::from_slice(vec![1, 2], &[f16::from_f32(0.5), f16::from_f32(-2.0)]).expect("valid");
+    let n = Tensor::from_slice(vec![1], &[7i64]).expect("valid");
+    let (body, len) = encode_infer("m", Some("r1"), &meta(), &[y, n], &[(1, false), (0, true)]).expect("encodes");
+    let len = len.expect("a binary output follows");
+    let json: serde_json::Value = serde_json::from_slice(&body[..len]).expect("JSON");
+    assert_eq!(json["model_name"], "m");
+    assert_eq!(json["model_version"], "1");
+    assert_eq!(json["id"], "r1");
+    assert_eq!(json["outputs"][0], json!({ "name": "n", "datatype": "INT64", "shape": [1], "data": [7] }));
+    assert_eq!(
+        json["outputs"][1],
+        json!({ "name": "y", "datatype": "FP16", "shape": [1, 2], "parameters": { "binary_data_size": 4 } })
+    );
+    assert_eq!(&body[len..], &[0x00, 0x38, 0x00, 0xc0]);
+    let (body, len) = encode_infer(
+        "m",
+        None,
+        &meta(),
+        &[
+            Tensor::from_slice(vec![1, 2], &[f16::from_f32(0.5), f16::from_f32(-2.0)]).expect("valid"),
+            Tensor::from_slice(vec![1], &[7i64]).expect("valid"),
+        ],
+        &[(0, false)],
+    )
+    .expect("encodes");
+    assert_eq!(len, None);
+    let json: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!(json["outputs"][0]["data"], json!([0.5, -2.0]));
+    assert!(json.get("id").is_none());
+}
