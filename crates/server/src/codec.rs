@@ -211,7 +211,7 @@ impl<'de> Visitor<'de> for LevelSeed<'_, '_> {
         let mut n = 0usize;
         loop {
             let more = if innermost {
-                seq.next_element_seed(ElementSeed { sink: &mut fill.sink })?
+                seq.next_element_seed(ElementSeed { sink: &mut fill.sink, nested: false })?
             } else {
                 seq.next_element_seed(LevelSeed { depth: depth + 1, fill: &mut *fill })?
             };
@@ -253,8 +253,10 @@ fn dimension_error(spec: &TensorSpec, depth: usize, limit: Option<usize>, fixed:
     }
 }
 
+/// One element; or, where `nested` (a v2 `data` array, read in row-major order), an array of them at any depth.
 struct ElementSeed<'s, 'a> {
     sink: &'s mut Sink<'a>,
+    nested: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for ElementSeed<'_, '_> {
@@ -358,12 +360,23 @@ fn integer<T: TryFrom<i128>, E: de::Error>(spec: &TensorSpec, n: Number) -> Resu
         .ok_or_else(|| E::custom(format!("input `{}`: {} is not a {} value", spec.name, n.as_f64(), spec.datatype)))
 }
 
-/// Visits one element; an array here is one dimension too many.
 impl<'de> Visitor<'de> for ElementSeed<'_, '_> {
     type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.nested {
+            f.write_str("an array of ")?;
+        }
         self.sink.expecting(f)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        if !self.nested {
+            // In /predict the nesting is the shape: an array here is one dimension too many.
+            return Err(de::Error::invalid_type(de::Unexpected::Seq, &self));
+        }
+        while seq.next_element_seed(ElementSeed { sink: &mut *self.sink, nested: true })?.is_some() {}
+        Ok(())
     }
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
@@ -403,7 +416,7 @@ pub fn decode_flat(data: &str, spec: &TensorSpec, shape: Vec<usize>) -> Result<T
     let expected = inferd_core::element_count(&shape).map_err(|e| format!("input `{}`: {e}", spec.name))?;
     let mut sink = Sink::new(spec, expected);
     let mut de = serde_json::Deserializer::from_str(data);
-    FlatSeed { sink: &mut sink }.deserialize(&mut de).map_err(|e| e.to_string())?;
+    ElementSeed { sink: &mut sink, nested: true }.deserialize(&mut de).map_err(|e| e.to_string())?;
     if sink.count != expected {
         return Err(format!(
             "input `{}`: `data` holds {} elements, but shape {shape:?} needs {expected}",
@@ -411,53 +424,6 @@ pub fn decode_flat(data: &str, spec: &TensorSpec, shape: Vec<usize>) -> Result<T
         ));
     }
     sink.into_tensor(shape)
-}
-
-/// One item of a v2 `data` array: an element, or a nested array of them.
-struct FlatSeed<'s, 'a> {
-    sink: &'s mut Sink<'a>,
-}
-
-impl<'de> DeserializeSeed<'de> for FlatSeed<'_, '_> {
-    type Value = ();
-
-    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for FlatSeed<'_, '_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an array of ")?;
-        self.sink.expecting(f)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element_seed(FlatSeed { sink: &mut *self.sink })?.is_some() {}
-        Ok(())
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        self.sink.number(Number::I(v))
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        self.sink.number(Number::U(v))
-    }
-
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        self.sink.number(Number::F(v))
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
-        self.sink.boolean(v)
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        self.sink.string(v)
-    }
 }
 
 /// Serializes a tensor as nested JSON arrays (FP16/BF16 as numbers, BYTES as strings).
