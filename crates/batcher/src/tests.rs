@@ -117,6 +117,15 @@ async fn reached_engine(entered: &mpsc::Receiver<usize>) -> usize {
     panic!("no batch reached the engine");
 }
 
+/// Sends a one-row request of `value` and waits until the worker holds it at the (closed) gate: from then on
+/// everything sent queues behind a busy worker.
+async fn hold_worker(f: &Fixture, value: f32) -> tokio::task::JoinHandle<Result<InferResponse, BatchError>> {
+    let entered = entered(&f.gate);
+    let running = spawn_row(&f.batcher, vec![value]);
+    assert_eq!(reached_engine(&entered).await, 1, "the first batch reached the engine");
+    running
+}
+
 async fn wait_for_depth(batcher: &Batcher, depth: usize) {
     for _ in 0..500 {
         if batcher.queue_depth() == depth {
@@ -138,9 +147,7 @@ async fn a_lone_request_is_answered() {
 #[tokio::test]
 async fn requests_queued_behind_a_busy_worker_share_a_batch() {
     let f = fixture(batched(64), false);
-    let entered = entered(&f.gate);
-    let first = spawn_row(&f.batcher, vec![0.0]);
-    assert_eq!(reached_engine(&entered).await, 1, "the first batch reached the engine");
+    let first = hold_worker(&f, 0.0).await;
     let rest: Vec<_> = (1..=6).map(|i| spawn_row(&f.batcher, vec![i as f32])).collect();
     wait_for_depth(&f.batcher, 6).await;
     f.gate.open();
@@ -175,10 +182,8 @@ async fn an_oversize_request_is_split_and_reassembled_in_order() {
 #[tokio::test]
 async fn a_full_queue_refuses_at_once_and_keeps_what_it_holds() {
     let f = fixture(BatchingConfig { max_queue_size: 2, ..batched(1) }, false);
-    let entered = entered(&f.gate);
     let spawn = |v: f32| spawn_row(&f.batcher, vec![v]);
-    let running = spawn(1.0);
-    assert_eq!(reached_engine(&entered).await, 1);
+    let running = hold_worker(&f, 1.0).await;
     let queued = [spawn(2.0), spawn(3.0)];
     wait_for_depth(&f.batcher, 2).await;
     let refused = f.batcher.infer(rows(&[4.0], 1)).await.expect_err("queue is full");
@@ -205,9 +210,7 @@ async fn a_panic_fails_only_its_batch_and_the_worker_carries_on() {
 #[tokio::test]
 async fn a_request_whose_caller_left_never_reaches_the_engine() {
     let f = fixture(batched(8), false);
-    let entered = entered(&f.gate);
-    let running = spawn_row(&f.batcher, vec![1.0]);
-    assert_eq!(reached_engine(&entered).await, 1);
+    let running = hold_worker(&f, 1.0).await;
     let abandoned = spawn_row(&f.batcher, vec![42.0]);
     wait_for_depth(&f.batcher, 1).await;
     abandoned.abort();
@@ -222,9 +225,7 @@ async fn a_request_whose_caller_left_never_reaches_the_engine() {
 #[tokio::test]
 async fn a_deadline_fires_while_the_worker_is_busy() {
     let f = fixture(batched(8), false);
-    let entered = entered(&f.gate);
-    let running = spawn_row(&f.batcher, vec![1.0]);
-    assert_eq!(reached_engine(&entered).await, 1);
+    let running = hold_worker(&f, 1.0).await;
     let mut late = rows(&[42.0], 1);
     late.deadline = Some(Instant::now() + Duration::from_millis(50));
     let err = tokio::time::timeout(Duration::from_secs(5), f.batcher.infer(late))
@@ -239,9 +240,7 @@ async fn a_deadline_fires_while_the_worker_is_busy() {
 #[tokio::test]
 async fn shapes_batch_apart_and_all_are_answered() {
     let f = fixture(batched(64), false);
-    let entered = entered(&f.gate);
-    let first = spawn_row(&f.batcher, vec![0.0]);
-    assert_eq!(reached_engine(&entered).await, 1);
+    let first = hold_worker(&f, 0.0).await;
     let tasks: Vec<_> = (0..6)
         .map(|i| {
             let b = f.batcher.clone();
@@ -287,10 +286,8 @@ async fn stop_finishes_queued_work_then_refuses() {
 #[tokio::test]
 async fn a_stop_that_times_out_answers_what_is_left() {
     let f = fixture(batched(1), false);
-    let entered = entered(&f.gate);
     let spawn = |v: f32| spawn_row(&f.batcher, vec![v]);
-    let running = spawn(1.0);
-    assert_eq!(reached_engine(&entered).await, 1);
+    let running = hold_worker(&f, 1.0).await;
     let queued = [spawn(2.0), spawn(3.0)];
     wait_for_depth(&f.batcher, 2).await;
     let b = f.batcher.clone();

@@ -19,7 +19,8 @@ pub fn decode_predict(body: &[u8], specs: &[TensorSpec]) -> Result<Vec<Tensor>, 
     Ok(tensors)
 }
 
-fn names(specs: &[TensorSpec]) -> String {
+/// The names of `specs`, quoted, for messages.
+pub(crate) fn names(specs: &[TensorSpec]) -> String {
     specs.iter().map(|s| format!("`{}`", s.name)).collect::<Vec<_>>().join(", ")
 }
 

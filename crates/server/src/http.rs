@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use inferd_batcher::{Batcher, InferRequest};
-use inferd_core::{Tensor, TensorSpec};
+use inferd_core::{ModelMetadata, Tensor, TensorSpec};
 use serde::ser::SerializeMap;
 use serde::Serialize;
 
@@ -179,35 +179,52 @@ pub(crate) async fn codec_work<T: Send + 'static>(
     }
 }
 
-async fn predict(state: AppState, name: &str, body: Result<Bytes, BytesRejection>) -> Result<Response, AppError> {
-    let batcher = state.batcher(name)?;
-    let body = body.map_err(body_error)?;
+/// The path every inference route shares: decode the body (on the blocking pool when large), queue the request
+/// with the model's batcher, encode the answer the same way. `decode` returns the request and whatever `encode`
+/// needs from it; its errors are the client's (400), `encode`'s are ours (500). Returns the encoded answer and
+/// the headers that say how it was served.
+pub(crate) async fn run_inference<C: Send + 'static, T: Send + 'static>(
+    batcher: Batcher,
+    body: Bytes,
+    decode: impl FnOnce(&[u8], &ModelMetadata) -> Result<(InferRequest, C), String> + Send + 'static,
+    encode: impl FnOnce(&ModelMetadata, &[Tensor], C) -> Result<T, String> + Send + 'static,
+) -> Result<(T, HeaderMap), AppError> {
     let decoder = batcher.clone();
-    let inputs = codec_work(body.len(), move || codec::decode_predict(&body, &decoder.metadata().inputs))
+    let (request, context) = codec_work(body.len(), move || decode(&body, decoder.metadata()))
         .await?
-        .map_err(|e| AppError::BadRequest(format!("model `{name}`: {e}")))?;
-    let rows = inputs.first().map_or(0, Tensor::rows);
-    let answer = batcher.infer(InferRequest { inputs, deadline: None }).await?;
-
+        .map_err(|e| AppError::BadRequest(format!("model `{}`: {e}", batcher.name())))?;
+    let answer = batcher.infer(request).await?;
     let headers = served_headers(answer.batch_rows, answer.queue_time, answer.compute_time);
     let out_bytes: usize = answer.outputs.iter().map(|t| t.element_count() * 12).sum();
     let encoder = batcher.clone();
+    let encoded = codec_work(out_bytes, move || encode(encoder.metadata(), &answer.outputs, context))
+        .await?
+        .map_err(|e| AppError::Internal(format!("encoding the response: {e}")))?;
+    Ok((encoded, headers))
+}
+
+async fn predict(state: AppState, name: &str, body: Result<Bytes, BytesRejection>) -> Result<Response, AppError> {
+    let batcher = state.batcher(name)?;
+    let body = body.map_err(body_error)?;
     let model = name.to_owned();
-    let body = codec_work(out_bytes, move || {
-        let meta = encoder.metadata();
-        serde_json::to_vec(&PredictResponse {
-            prediction: Prediction { outputs: &answer.outputs, specs: &meta.outputs },
-            model: &model,
-            device: &meta.device,
-        })
-    })
-    .await?
-    .map_err(|e| AppError::Internal(format!("encoding the response: {e}")))?;
-    tracing::debug!(model = name, rows, "predicted");
+    let (body, headers) = run_inference(
+        batcher,
+        body,
+        |body, meta| Ok((InferRequest { inputs: codec::decode_predict(body, &meta.inputs)?, deadline: None }, ())),
+        move |meta, outputs, ()| {
+            serde_json::to_vec(&PredictResponse {
+                prediction: Prediction { outputs, specs: &meta.outputs },
+                model: &model,
+                device: &meta.device,
+            })
+            .map_err(|e| e.to_string())
+        },
+    )
+    .await?;
     Ok((headers, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response())
 }
 
-pub(crate) fn served_headers(batch_rows: usize, queue: std::time::Duration, compute: std::time::Duration) -> HeaderMap {
+fn served_headers(batch_rows: usize, queue: std::time::Duration, compute: std::time::Duration) -> HeaderMap {
     let mut headers = HeaderMap::new();
     for (name, value) in [
         (BATCH_SIZE_HEADER, batch_rows as u128),

@@ -87,14 +87,19 @@ impl Server {
         });
 
         let refresher = tokio::spawn(gpu.refresh_every(Duration::from_millis(config.gpu_refresh_ms)));
-        let loader = {
-            let models = models.clone();
+        // Loading runs on the blocking pool and cannot be cancelled midway; once shutdown begins it loads no more.
+        {
+            let state = state.clone();
             tokio::task::spawn_blocking(move || {
-                for model in &models {
-                    model.set_loaded(models::load_model(&model.config, &settings));
+                for model in &state.shared().models {
+                    if state.shared().draining.load(Ordering::SeqCst) {
+                        model.set_loaded(Err("the server shut down before the model loaded".into()));
+                    } else {
+                        model.set_loaded(models::load_model(&model.config, &settings));
+                    }
                 }
-            })
-        };
+            });
+        }
 
         let addr = listener.local_addr()?;
         tracing::info!(%addr, repository = %repository.display(), models = models.len(), "listening");
@@ -132,7 +137,6 @@ impl Server {
         };
         refresher.abort();
         // Stop the batchers: what is still queued was abandoned by its handlers (or is answered 503).
-        loader.abort();
         let stopped = tokio::task::spawn_blocking(move || {
             for model in &models {
                 if let Some(b) = model.batcher() {

@@ -22,9 +22,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use crate::codec::{self, FlatJson};
+use crate::codec::{self, names, FlatJson};
 use crate::error::AppError;
-use crate::http::{body_error, codec_work, served_headers, AppState};
+use crate::http::{body_error, run_inference, AppState};
 use crate::models::ModelState;
 
 /// The header that gives the length of the JSON part of a body followed by binary tensors.
@@ -262,24 +262,18 @@ pub fn decode_infer(body: &[u8], header_length: Option<usize>, meta: &ModelMetad
     let (json, mut binary) = body.split_at(json_len);
     let request: InferRequestJson<'_> =
         serde_json::from_slice(json).map_err(|e| format!("invalid inference request JSON: {e}"))?;
-    for (i, input) in request.inputs.iter().enumerate() {
-        if !meta.inputs.iter().any(|s| s.name == input.name) {
-            return Err(format!("unexpected input `{}`: the model takes {}", input.name, names(&meta.inputs)));
-        }
-        if request.inputs[..i].iter().any(|other| other.name == input.name) {
-            return Err(format!("input `{}` is given twice", input.name));
-        }
-    }
     // Binary tensors follow the JSON in the order of the JSON's inputs.
     let mut decoded: Vec<Option<Tensor>> = vec![None; meta.inputs.len()];
     for input in &request.inputs {
-        let (slot, spec) = meta
+        let slot = meta
             .inputs
             .iter()
-            .enumerate()
-            .find(|(_, s)| s.name == input.name)
-            .ok_or_else(|| format!("unexpected input `{}`", input.name))?;
-        decoded[slot] = Some(decode_input(input, spec, &mut binary)?);
+            .position(|s| s.name == input.name)
+            .ok_or_else(|| format!("unexpected input `{}`: the model takes {}", input.name, names(&meta.inputs)))?;
+        if decoded[slot].is_some() {
+            return Err(format!("input `{}` is given twice", input.name));
+        }
+        decoded[slot] = Some(decode_input(input, &meta.inputs[slot], &mut binary)?);
     }
     if !binary.is_empty() {
         return Err(format!("{} bytes of binary data follow the inputs that claim them", binary.len()));
@@ -306,10 +300,6 @@ pub fn decode_infer(body: &[u8], header_length: Option<usize>, meta: &ModelMetad
             .collect::<Result<Vec<_>, _>>()?,
     };
     Ok(Decoded { id: request.id, inputs, outputs, timeout: request.parameters.timeout.map(Duration::from_micros) })
-}
-
-fn names(specs: &[TensorSpec]) -> String {
-    specs.iter().map(|s| format!("`{}`", s.name)).collect::<Vec<_>>().join(", ")
 }
 
 /// Decodes one input, taking its binary data (if any) from the front of `binary`.
@@ -495,24 +485,18 @@ async fn infer(
     let batcher = state.batcher(&name)?;
     let body = body.map_err(body_error)?;
     let json_len = header_length(&headers)?;
-    let decoder = batcher.clone();
-    let request = codec_work(body.len(), move || decode_infer(&body, json_len, decoder.metadata()))
-        .await?
-        .map_err(|e| AppError::BadRequest(format!("model `{name}`: {e}")))?;
-    let deadline = request.timeout.map(|t| Instant::now() + t);
-    let answer = batcher.infer(InferRequest { inputs: request.inputs, deadline }).await?;
-
-    let (answer_rows, answer_queue, answer_compute) = (answer.batch_rows, answer.queue_time, answer.compute_time);
-    let out_bytes: usize = answer.outputs.iter().map(|t| t.element_count() * 12).sum();
-    let encoder = batcher.clone();
-    let model = name.clone();
-    let (id, selection) = (request.id, request.outputs);
-    let (body, json_len) = codec_work(out_bytes, move || {
-        encode_infer(&model, id.as_deref(), encoder.metadata(), &answer.outputs, &selection)
-    })
-    .await?
-    .map_err(|e| AppError::Internal(format!("encoding the response: {e}")))?;
-    let mut headers = served_headers(answer_rows, answer_queue, answer_compute);
+    let (encoded, mut headers) = run_inference(
+        batcher,
+        body,
+        move |body, meta| {
+            let request = decode_infer(body, json_len, meta)?;
+            let deadline = request.timeout.map(|t| Instant::now() + t);
+            Ok((InferRequest { inputs: request.inputs, deadline }, (request.id, request.outputs)))
+        },
+        move |meta, outputs, (id, selection)| encode_infer(&name, id.as_deref(), meta, outputs, &selection),
+    )
+    .await?;
+    let (body, json_len) = encoded;
     match json_len {
         Some(len) => {
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
