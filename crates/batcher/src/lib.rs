@@ -26,6 +26,30 @@ pub struct InferRequest {
     pub inputs: Vec<Tensor>,
     /// The latest instant the request may start running; it is answered [`BatchError::DeadlineExceeded`] after.
     pub deadline: Option<Instant>,
+    /// The request's span (its request id, for one): the worker thread logs what happens to the request in it,
+    /// and the span of the batch that runs it follows from it.
+    pub span: tracing::Span,
+}
+
+impl InferRequest {
+    /// A request with no deadline, in the current span.
+    pub fn new(inputs: Vec<Tensor>) -> Self {
+        InferRequest { inputs, deadline: None, span: tracing::Span::current() }
+    }
+
+    pub fn with_deadline(mut self, deadline: Option<Instant>) -> Self {
+        self.deadline = deadline;
+        self
+    }
+}
+
+/// Told what the workers do: how the server feeds its metrics without this crate knowing them. Called on the
+/// worker threads, so it must be quick.
+pub trait BatchObserver: Send + Sync {
+    /// A request's batch starts, after `queue_time` in the queue.
+    fn request_started(&self, queue_time: Duration);
+    /// `rows` ran for `compute_time`; `ok` is false when the engine failed or panicked.
+    fn batch_done(&self, rows: usize, compute_time: Duration, ok: bool);
 }
 
 /// The answer to one request.
@@ -101,6 +125,7 @@ struct Shared {
     /// Wakes `stop`: a thread exited.
     exited: Condvar,
     stats: Stats,
+    observer: Option<Arc<dyn BatchObserver>>,
 }
 
 struct State {
@@ -126,6 +151,8 @@ struct Pending {
     enqueued_at: Instant,
     deadline: Option<Instant>,
     reply: oneshot::Sender<Result<InferResponse, BatchError>>,
+    /// The request's span, carried across to the worker thread.
+    span: tracing::Span,
 }
 
 impl Pending {
@@ -159,7 +186,12 @@ fn lock(mutex: &Mutex<State>) -> MutexGuard<'_, State> {
 impl Batcher {
     /// Starts the scheduler and one worker thread per engine. The engines are loaded (and warmed) already;
     /// `metadata` is theirs.
-    pub fn start(name: &str, config: &BatchingConfig, engines: Vec<Box<dyn Engine>>) -> std::io::Result<Batcher> {
+    pub fn start(
+        name: &str,
+        config: &BatchingConfig,
+        engines: Vec<Box<dyn Engine>>,
+        observer: Option<Arc<dyn BatchObserver>>,
+    ) -> std::io::Result<Batcher> {
         let Some(first) = engines.first() else {
             return Err(std::io::Error::other(format!("model `{name}`: no engine instance to run")));
         };
@@ -182,6 +214,7 @@ impl Batcher {
             worker_wake: Condvar::new(),
             exited: Condvar::new(),
             stats: Stats::default(),
+            observer,
         });
         let batcher = Batcher { shared: shared.clone(), _stop_on_drop: Arc::new(StopOnDrop(shared.clone())) };
         let spawn = |thread_name: String, body: Box<dyn FnOnce() + Send>| -> std::io::Result<()> {
@@ -245,6 +278,7 @@ impl Batcher {
             split
         };
         let now = Instant::now();
+        let span = request.span;
         let deadline = match (request.deadline, shared.timeout.map(|t| now + t)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -266,7 +300,15 @@ impl Batcher {
                     let (reply, rx) = oneshot::channel();
                     let key = inputs.iter().map(|t| (t.dtype(), t.shape()[1..].to_vec())).collect();
                     let rows = inputs[0].rows();
-                    state.queue.push_back(Pending { inputs, rows, key, enqueued_at: now, deadline, reply });
+                    state.queue.push_back(Pending {
+                        inputs,
+                        rows,
+                        key,
+                        enqueued_at: now,
+                        deadline,
+                        reply,
+                        span: span.clone(),
+                    });
                     rx
                 })
                 .collect();
@@ -466,6 +508,16 @@ impl Shared {
         }
         let counts: Vec<usize> = batch.iter().map(|p| p.rows).collect();
         let rows: usize = counts.iter().sum();
+        let span = tracing::debug_span!(parent: None, "batch", model = %self.name, rows, requests = batch.len());
+        for p in &batch {
+            span.follows_from(&p.span);
+        }
+        let _entered = span.enter();
+        if let Some(observer) = &self.observer {
+            for p in &batch {
+                observer.request_started(started.saturating_duration_since(p.enqueued_at));
+            }
+        }
         let result = if batch.len() == 1 {
             run_engine(engine, &batch[0].inputs)
         } else {
@@ -478,10 +530,21 @@ impl Shared {
         let result = result.and_then(|outputs| self.split_outputs(outputs, rows, &counts));
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         self.stats.rows.fetch_add(rows as u64, Ordering::Relaxed);
+        if let Some(observer) = &self.observer {
+            observer.batch_done(rows, compute_time, result.is_ok());
+        }
         match result {
             Ok(per_request) => {
                 for (p, outputs) in batch.into_iter().zip(per_request) {
                     let queue_time = started.saturating_duration_since(p.enqueued_at);
+                    tracing::debug!(
+                        parent: &p.span,
+                        model = %self.name,
+                        batch_rows = rows,
+                        queue_us = queue_time.as_micros() as u64,
+                        compute_us = compute_time.as_micros() as u64,
+                        "served"
+                    );
                     let _ = p.reply.send(Ok(InferResponse { outputs, batch_rows: rows, queue_time, compute_time }));
                 }
             }
@@ -489,6 +552,7 @@ impl Shared {
                 self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(model = %self.name, rows, requests = batch.len(), error = %message, "batch failed");
                 for p in batch {
+                    tracing::warn!(parent: &p.span, model = %self.name, error = %message, "the request's batch failed");
                     let _ = p.reply.send(Err(BatchError::Engine(message.clone())));
                 }
             }
@@ -559,6 +623,7 @@ fn answer_if_dead(p: Pending, now: Instant) -> Option<Pending> {
     if p.abandoned() {
         None
     } else if p.expired(now) {
+        tracing::debug!(parent: &p.span, "the deadline passed in the queue");
         let _ = p.reply.send(Err(BatchError::DeadlineExceeded));
         None
     } else {

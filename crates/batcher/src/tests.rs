@@ -63,6 +63,19 @@ struct Fixture {
     batcher: Batcher,
     seen: Arc<Mutex<Vec<Vec<f32>>>>,
     gate: Arc<Gate>,
+    observed: Arc<Observed>,
+}
+
+/// What the batcher told its observer: (rows, ok) per batch.
+#[derive(Default)]
+struct Observed(Mutex<Vec<(usize, bool)>>);
+
+impl BatchObserver for Observed {
+    fn request_started(&self, _queue_time: Duration) {}
+
+    fn batch_done(&self, rows: usize, _compute_time: Duration, ok: bool) {
+        self.0.lock().expect("observed").push((rows, ok));
+    }
 }
 
 fn fixture(batching: BatchingConfig, gate_open: bool) -> Fixture {
@@ -78,8 +91,10 @@ fn fixture(batching: BatchingConfig, gate_open: bool) -> Fixture {
     let gate = Arc::new(Gate::default());
     *gate.open.lock().expect("gate") = gate_open;
     let engine = Doubler { metadata, seen: seen.clone(), gate: gate.clone() };
-    let batcher = Batcher::start("double", &batching, vec![Box::new(engine)]).expect("threads start");
-    Fixture { batcher, seen, gate }
+    let observed = Arc::new(Observed::default());
+    let batcher =
+        Batcher::start("double", &batching, vec![Box::new(engine)], Some(observed.clone())).expect("threads start");
+    Fixture { batcher, seen, gate, observed }
 }
 
 fn entered(gate: &Gate) -> mpsc::Receiver<usize> {
@@ -89,10 +104,7 @@ fn entered(gate: &Gate) -> mpsc::Receiver<usize> {
 }
 
 fn rows(values: &[f32], cols: usize) -> InferRequest {
-    InferRequest {
-        inputs: vec![Tensor::from_slice(vec![values.len() / cols, cols], values).expect("valid")],
-        deadline: None,
-    }
+    InferRequest::new(vec![Tensor::from_slice(vec![values.len() / cols, cols], values).expect("valid")])
 }
 
 /// Sends a one-row request of `values` from a task of its own.
@@ -164,6 +176,8 @@ async fn requests_queued_behind_a_busy_worker_share_a_batch() {
     // together for the next. So the six queued requests run in at most two batches.
     assert!(seen.len() <= 3, "batches were {seen:?}");
     assert!(largest >= 3, "batches were {seen:?}");
+    let observed = f.observed.0.lock().expect("observed").clone();
+    assert_eq!(observed, seen.iter().map(|b| (b.len(), true)).collect::<Vec<_>>(), "the observer saw every batch");
 }
 
 #[tokio::test]
@@ -205,6 +219,7 @@ async fn a_panic_fails_only_its_batch_and_the_worker_carries_on() {
     let answer = f.batcher.infer(rows(&[3.0], 1)).await.expect("the worker survived");
     assert_eq!(answer.outputs[0].to_vec::<f32>().expect("fp32"), vec![6.0]);
     assert_eq!(f.batcher.stats().failed_batches.load(Ordering::Relaxed), 2);
+    assert_eq!(*f.observed.0.lock().expect("observed"), vec![(1, false), (1, false), (1, true)]);
 }
 
 #[tokio::test]
@@ -303,12 +318,11 @@ async fn a_stop_that_times_out_answers_what_is_left() {
 #[tokio::test]
 async fn bad_requests_are_refused_before_they_queue() {
     let f = fixture(batched(8), true);
-    let none = InferRequest { inputs: vec![], deadline: None };
+    let none = InferRequest::new(vec![]);
     assert!(matches!(f.batcher.infer(none).await, Err(BatchError::InvalidInput(m)) if m.contains("takes 1 input")));
-    let ints = InferRequest { inputs: vec![Tensor::from_slice(vec![1, 1], &[1i32]).expect("valid")], deadline: None };
+    let ints = InferRequest::new(vec![Tensor::from_slice(vec![1, 1], &[1i32]).expect("valid")]);
     assert!(matches!(f.batcher.infer(ints).await, Err(BatchError::InvalidInput(m)) if m.contains("expected FP32")));
-    let empty =
-        InferRequest { inputs: vec![Tensor::from_slice::<f32>(vec![0, 1], &[]).expect("valid")], deadline: None };
+    let empty = InferRequest::new(vec![Tensor::from_slice::<f32>(vec![0, 1], &[]).expect("valid")]);
     assert!(matches!(f.batcher.infer(empty).await, Err(BatchError::InvalidInput(m)) if m.contains("no rows")));
     assert_eq!(f.seen.lock().expect("seen").len(), 0);
 }
