@@ -2,24 +2,9 @@
 
 use std::sync::Arc;
 
-use inferd_server::{FakeGpuProbe, GpuInfo};
-use inferd_tests::{heldout, Repo, TestServer};
+use inferd_server::FakeGpuProbe;
+use inferd_tests::{h100, heldout, Repo, TestServer};
 use serde_json::json;
-
-fn h100() -> GpuInfo {
-    GpuInfo {
-        index: 0,
-        name: "NVIDIA H100 80GB HBM3".into(),
-        uuid: "GPU-5c1d7e0a-0000-4000-8000-000000000000".into(),
-        memory_total_bytes: 85_520_809_984,
-        memory_used_bytes: 1_073_741_824,
-        memory_free_bytes: 84_447_068_160,
-        utilization_percent: Some(37),
-        temperature_celsius: Some(41),
-        compute_capability: Some("9.0".into()),
-        driver_version: Some("580.65.06".into()),
-    }
-}
 
 #[tokio::test]
 async fn health_reports_a_gpu_and_the_models() {

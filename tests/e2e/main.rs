@@ -4,5 +4,6 @@
 mod bad_input;
 mod batching;
 mod health;
+mod ops;
 mod predict;
 mod shutdown;

@@ -2,10 +2,12 @@
 //! held-out digits the bundled models are checked against.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use inferd_server::{GpuProbe, NoGpu, ServeConfig, Server};
+use inferd_core::{DataType, Engine, ModelMetadata, Precision, Tensor, TensorSpec};
+use inferd_server::{EngineBuilder, GpuInfo, GpuProbe, NoGpu, ServeConfig, Server};
 use serde::Deserialize;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -97,6 +99,22 @@ pub struct TestServer {
 impl TestServer {
     /// Serves `repo` with extra command-line `args`; reports no GPU unless `probe` says otherwise.
     pub async fn start(repo: &Path, args: &[&str], probe: Option<Arc<dyn GpuProbe>>) -> TestServer {
+        TestServer::launch(repo, args, probe, None).await
+    }
+
+    /// Serves `repo`'s models with engines from `engines` in place of their backends, and waits for them to load.
+    pub async fn with_engines(repo: &Path, args: &[&str], engines: EngineBuilder) -> TestServer {
+        let server = TestServer::launch(repo, args, None, Some(engines)).await;
+        server.wait_loaded().await;
+        server
+    }
+
+    async fn launch(
+        repo: &Path,
+        args: &[&str],
+        probe: Option<Arc<dyn GpuProbe>>,
+        engines: Option<EngineBuilder>,
+    ) -> TestServer {
         let lib = onnxruntime_lib();
         let mut argv: Vec<String> = vec!["--models".into(), repo.display().to_string()];
         if !args.contains(&"--onnxruntime-lib") {
@@ -107,7 +125,10 @@ impl TestServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a free port");
         let base = format!("http://{}", listener.local_addr().expect("bound"));
         let (stop, stopped) = oneshot::channel::<()>();
-        let server = Server::new(config).with_gpu_probe(probe.unwrap_or_else(|| Arc::new(NoGpu)));
+        let mut server = Server::new(config).with_gpu_probe(probe.unwrap_or_else(|| Arc::new(NoGpu)));
+        if let Some(engines) = engines {
+            server = server.with_engine_builder(engines);
+        }
         let task = tokio::spawn(server.serve(listener, async move {
             let _ = stopped.await;
         }));
@@ -150,6 +171,13 @@ impl TestServer {
 
     pub async fn post_json(&self, path: &str, body: &serde_json::Value) -> reqwest::Response {
         self.post(path, body.to_string()).await
+    }
+
+    /// `/metrics`, parsed.
+    pub async fn metrics(&self) -> Metrics {
+        let r = self.client.get(self.url("/metrics")).send().await.expect("/metrics answers");
+        assert_eq!(r.status(), 200);
+        Metrics::parse(&r.text().await.expect("text"))
     }
 
     /// Begins shutdown, as SIGTERM does.
@@ -201,4 +229,163 @@ pub fn prediction_rows(body: &serde_json::Value) -> Vec<Vec<f64>> {
         .map(|row| row.as_array().expect("a row").iter().map(|v| v.as_f64().expect("a number")).collect())
         .collect()
 }
-pub use inferd_server::{BATCH_SIZE_HEADER, COMPUTE_TIME_HEADER, QUEUE_TIME_HEADER};
+pub use inferd_server::{BATCH_SIZE_HEADER, COMPUTE_TIME_HEADER, QUEUE_TIME_HEADER, REQUEST_ID_HEADER, TIMEOUT_HEADER};
+
+/// A GPU as NVML would report an H100, for the fake probe.
+pub fn h100() -> GpuInfo {
+    GpuInfo {
+        index: 0,
+        name: "NVIDIA H100 80GB HBM3".into(),
+        uuid: "GPU-5c1d7e0a-0000-4000-8000-000000000000".into(),
+        memory_total_bytes: 85_520_809_984,
+        memory_used_bytes: 1_073_741_824,
+        memory_free_bytes: 84_447_068_160,
+        utilization_percent: Some(37),
+        temperature_celsius: Some(41),
+        compute_capability: Some("9.0".into()),
+        driver_version: Some("580.65.06".into()),
+    }
+}
+
+/// One sample line: its name, labels and value.
+type Sample = (String, Vec<(String, String)>, f64);
+
+/// Samples of a Prometheus exposition.
+#[derive(Debug)]
+pub struct Metrics(Vec<Sample>);
+
+impl Metrics {
+    /// Parses the text format (no escaped quotes in label values, which inferd never writes).
+    pub fn parse(text: &str) -> Metrics {
+        let samples = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .map(|line| {
+                let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("a sample line: {line}"));
+                let value: f64 = value.parse().unwrap_or_else(|_| panic!("a number: {line}"));
+                let (name, labels) = match series.split_once('{') {
+                    None => (series.to_owned(), Vec::new()),
+                    Some((name, rest)) => {
+                        let labels = rest
+                            .trim_end_matches('}')
+                            .split("\",")
+                            .filter(|p| !p.is_empty())
+                            .map(|pair| {
+                                let (k, v) = pair.split_once("=\"").unwrap_or_else(|| panic!("a label: {line}"));
+                                (k.to_owned(), v.trim_end_matches('"').to_owned())
+                            })
+                            .collect();
+                        (name.to_owned(), labels)
+                    }
+                };
+                (name, labels, value)
+            })
+            .collect();
+        Metrics(samples)
+    }
+
+    /// The value of the series `name` with exactly `labels`.
+    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        self.0
+            .iter()
+            .find(|(n, l, _)| {
+                n == name
+                    && l.len() == labels.len()
+                    && labels.iter().all(|(k, v)| l.iter().any(|(a, b)| a == k && b == v))
+            })
+            .map(|s| s.2)
+    }
+
+    /// Like [`Metrics::get`], for a series that must exist.
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.get(name, labels).unwrap_or_else(|| panic!("no series {name}{labels:?} in {self:#?}"))
+    }
+}
+
+/// Where a [`HeldEngine`] is held, and what it saw.
+#[derive(Default)]
+pub struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+    /// Batches held at the gate now.
+    pub held: AtomicUsize,
+    /// The first value of every row that reached the engine.
+    pub seen: Mutex<Vec<f32>>,
+}
+
+impl Gate {
+    pub fn open(&self) {
+        *self.open.lock().expect("gate") = true;
+        self.opened.notify_all();
+    }
+
+    /// Waits until `n` batches are held.
+    pub async fn wait_held(&self, n: usize) {
+        for _ in 0..1000 {
+            if self.held.load(Ordering::SeqCst) >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("no batch reached the engine");
+    }
+}
+
+/// The value that, first in a row, holds the engine at its gate.
+pub const HOLD: f32 = -7.0;
+
+/// A stand-in engine of the digits model's shape (FP32 `[-1, 64]` → `[-1, 10]`, each output row ten copies of the
+/// input row's first value) that waits at its gate whenever a row starts with [`HOLD`]: a slow engine whose
+/// slowness the test controls.
+pub struct HeldEngine {
+    metadata: ModelMetadata,
+    gate: Arc<Gate>,
+}
+
+impl HeldEngine {
+    /// An [`EngineBuilder`] whose every engine shares `gate`.
+    pub fn builder(gate: Arc<Gate>) -> EngineBuilder {
+        Arc::new(move |_config| {
+            let spec =
+                |name: &str, width| TensorSpec { name: name.into(), datatype: DataType::Fp32, shape: vec![-1, width] };
+            let metadata = ModelMetadata {
+                inputs: vec![spec("input", 64)],
+                outputs: vec![spec("logits", 10)],
+                device: "cpu".into(),
+                precision: Precision::Fp32,
+                platform: "held",
+            };
+            Ok(Box::new(HeldEngine { metadata, gate: gate.clone() }) as Box<dyn Engine>)
+        })
+    }
+}
+
+impl Engine for HeldEngine {
+    fn metadata(&self) -> &ModelMetadata {
+        &self.metadata
+    }
+
+    fn run(&mut self, inputs: &[Tensor]) -> inferd_core::Result<Vec<Tensor>> {
+        let values = inputs[0].to_vec::<f32>()?;
+        let firsts: Vec<f32> = values.chunks(64).map(|row| row[0]).collect();
+        self.gate.seen.lock().expect("seen").extend(&firsts);
+        if firsts.contains(&HOLD) {
+            self.gate.held.fetch_add(1, Ordering::SeqCst);
+            let mut open = self.gate.open.lock().expect("gate");
+            while !*open {
+                open = self.gate.opened.wait(open).expect("gate");
+            }
+            drop(open);
+            self.gate.held.fetch_sub(1, Ordering::SeqCst);
+        }
+        let out: Vec<f32> = firsts.iter().flat_map(|&v| [v; 10]).collect();
+        Ok(vec![Tensor::from_slice(vec![firsts.len(), 10], &out)?])
+    }
+}
+
+/// A `/predict` body of one digits-shaped row starting with `first`.
+pub fn row_body(first: f32) -> String {
+    let mut row = vec![0.0f32; 64];
+    row[0] = first;
+    serde_json::json!({ "input": [row] }).to_string()
+}

@@ -19,6 +19,35 @@ pub fn decode_predict(body: &[u8], specs: &[TensorSpec]) -> Result<Vec<Tensor>, 
     Ok(tensors)
 }
 
+/// Refuses JSON that nests arrays and objects deeper than `max`, before anything parses it. Brackets inside
+/// strings do not count.
+pub fn check_json_depth(json: &[u8], max: usize) -> Result<(), String> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in json {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return Err(format!("the JSON nests deeper than {max} levels (--max-json-depth)"));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// The names of `specs`, quoted, for messages.
 pub(crate) fn names(specs: &[TensorSpec]) -> String {
     specs.iter().map(|s| format!("`{}`", s.name)).collect::<Vec<_>>().join(", ")
@@ -520,6 +549,15 @@ mod tests {
 
     fn digits() -> Vec<TensorSpec> {
         vec![spec("input", DataType::Fp32, &[-1, 3])]
+    }
+
+    #[test]
+    fn json_depth_counts_arrays_and_objects_but_not_brackets_in_strings() {
+        assert!(check_json_depth(br#"{"input": [[1, 2]]}"#, 3).is_ok());
+        let err = check_json_depth(br#"{"input": [[[1]]]}"#, 3).expect_err("four levels");
+        assert!(err.contains("deeper than 3"), "{err}");
+        assert!(check_json_depth(br#"{"id": "[[[[\"[[[", "x": []}"#, 2).is_ok());
+        assert!(check_json_depth(&[b'['; 100_000], 32).is_err());
     }
 
     #[test]

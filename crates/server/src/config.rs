@@ -4,7 +4,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use inferd_core::Precision;
 
 /// inferd: serves models over HTTP with dynamic batching, on NVIDIA GPUs or the CPU.
@@ -82,13 +82,102 @@ pub struct ServeConfig {
     #[arg(long, env = "INFERD_INTRA_OP_THREADS")]
     pub intra_op_threads: Option<usize>,
 
-    /// Log filter, as tracing's EnvFilter reads it (for example `info` or `inferd_batcher=trace,info`).
+    /// Log filter, as tracing's EnvFilter reads it (for example `info` or `inferd_batcher=debug,info`).
     #[arg(long, env = "INFERD_LOG", default_value = "info,ort=warn")]
     pub log: String,
+
+    /// Log lines as plain text or as JSON objects (one per line, with the request's span and thread).
+    #[arg(long, env = "INFERD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// A key that clients must send as `Authorization: Bearer <key>` on every route but the health probes,
+    /// the docs and (unless --protect-metrics) /metrics. Prefer --api-key-file or the environment: a flag is
+    /// visible in `ps`.
+    #[arg(long, env = "INFERD_API_KEY", hide_env_values = true, value_name = "KEY")]
+    pub api_key: Option<Secret>,
+
+    /// A file of API keys, one per line (blank lines and lines starting with `#` are skipped); any one is
+    /// accepted, so keys can be rotated without downtime.
+    #[arg(long, env = "INFERD_API_KEY_FILE", value_name = "FILE")]
+    pub api_key_file: Option<PathBuf>,
+
+    /// Require the API key on /metrics too.
+    #[arg(long, env = "INFERD_PROTECT_METRICS")]
+    pub protect_metrics: bool,
+
+    /// Most tensor elements one request may carry, over all its inputs (413 above).
+    #[arg(long, env = "INFERD_MAX_ELEMENTS", default_value_t = 16 * 1024 * 1024)]
+    pub max_elements: usize,
+
+    /// Most rows (the batch dimension) one request may carry (413 above); larger requests than a model's
+    /// max_batch_size are split, up to this.
+    #[arg(long, env = "INFERD_MAX_ROWS", default_value_t = 4096)]
+    pub max_rows: usize,
+
+    /// Deepest nesting of arrays and objects a JSON body may have (400 above).
+    #[arg(long, env = "INFERD_MAX_JSON_DEPTH", default_value_t = 32)]
+    pub max_json_depth: usize,
+
+    /// Seconds a request may take in all, queue included, before it is answered 503.
+    #[arg(long, env = "INFERD_REQUEST_TIMEOUT", default_value_t = 60.0, value_name = "SECONDS")]
+    pub request_timeout: f64,
+
+    /// Seconds to keep serving after SIGTERM/SIGINT, with readiness already failing, so that load balancers
+    /// stop sending before the listener closes. Kubernetes and Azure need a few.
+    #[arg(long, env = "INFERD_DRAIN_DELAY", default_value_t = 0.0, value_name = "SECONDS")]
+    pub drain_delay: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// A secret: its `Debug` and `Display` print `***`, so that logging a configuration never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl std::fmt::Display for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.trim().is_empty() {
+            return Err("an API key cannot be empty".into());
+        }
+        Ok(Secret(s.to_owned()))
+    }
 }
 
 fn parse_precision(s: &str) -> Result<Precision, String> {
     s.parse()
+}
+
+/// A duration in seconds from the command line; negative or not finite falls back to `otherwise`.
+fn seconds(value: f64, otherwise: Duration) -> Duration {
+    Duration::try_from_secs_f64(value).unwrap_or(otherwise)
 }
 
 impl ServeConfig {
@@ -111,7 +200,30 @@ impl ServeConfig {
     }
 
     pub fn drain_timeout(&self) -> Duration {
-        Duration::try_from_secs_f64(self.drain_timeout).unwrap_or(Duration::from_secs(30))
+        seconds(self.drain_timeout, Duration::from_secs(30))
+    }
+
+    pub fn drain_delay(&self) -> Duration {
+        seconds(self.drain_delay, Duration::ZERO)
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        seconds(self.request_timeout, Duration::from_secs(60))
+    }
+
+    /// Every accepted API key: --api-key and the lines of --api-key-file. Empty when the server is open.
+    pub fn api_keys(&self) -> anyhow::Result<Vec<Secret>> {
+        let mut keys: Vec<Secret> = self.api_key.iter().cloned().collect();
+        if let Some(path) = &self.api_key_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("cannot read the API key file {}: {e}", path.display()))?;
+            let before = keys.len();
+            keys.extend(text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(Secret::new));
+            if keys.len() == before {
+                anyhow::bail!("the API key file {} holds no key", path.display());
+            }
+        }
+        Ok(keys)
     }
 
     /// Parses `inferd serve ARGS…` (environment variables included), for tests and embedders.
@@ -149,6 +261,24 @@ mod tests {
             Precision::Bf16
         );
         assert!(ServeConfig::from_args(["--precision", "fp8"]).is_err());
+    }
+
+    #[test]
+    fn api_keys_never_show_in_debug_output() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("keys");
+        std::fs::write(&file, "# rotated monthly\nfile-key-1\n\n  file-key-2  \n").expect("write");
+        let c = ServeConfig::from_args(["--api-key", "flag-key-0", "--api-key-file", file.to_str().expect("utf-8")])
+            .expect("parses");
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("key-0"), "{shown}");
+        assert!(shown.contains("api_key: Some(***)"), "{shown}");
+        let keys: Vec<String> = c.api_keys().expect("keys").iter().map(|k| k.expose().to_owned()).collect();
+        assert_eq!(keys, ["flag-key-0", "file-key-1", "file-key-2"]);
+        assert!(ServeConfig::from_args(["--api-key", " "]).is_err());
+        std::fs::write(&file, "# nothing here\n").expect("write");
+        let c = ServeConfig::from_args(["--api-key-file", file.to_str().expect("utf-8")]).expect("parses");
+        assert!(c.api_keys().expect_err("no key").to_string().contains("holds no key"));
     }
 
     #[test]

@@ -10,6 +10,9 @@ pub enum AppError {
     /// The client's request is wrong.
     #[error("{0}")]
     BadRequest(String),
+    /// No API key, or a wrong one.
+    #[error("{0}")]
+    Unauthorized(String),
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -31,6 +34,7 @@ impl AppError {
     pub fn status(&self) -> StatusCode {
         match self {
             AppError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            AppError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             AppError::NotFound(_) => StatusCode::NOT_FOUND,
             AppError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             AppError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -62,6 +66,9 @@ impl IntoResponse for AppError {
         let mut response = (status, Json(serde_json::json!({ "error": self.to_string() }))).into_response();
         if matches!(self, AppError::Overloaded(_) | AppError::Unavailable(_)) {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if matches!(self, AppError::Unauthorized(_)) {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }

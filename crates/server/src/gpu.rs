@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 /// One GPU as /health reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct GpuInfo {
     pub index: u32,
     pub name: String,

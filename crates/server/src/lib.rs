@@ -8,11 +8,13 @@ pub mod config;
 pub mod error;
 pub mod gpu;
 pub mod http;
+pub mod metrics;
 pub mod models;
+mod openapi;
 pub mod v2;
 
 use std::future::{Future, IntoFuture};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,9 +23,12 @@ use inferd_core::Backend;
 use inferd_onnx::OnnxSettings;
 use tokio::net::TcpListener;
 
-pub use config::{Cli, Command, ServeConfig};
+pub use config::{Cli, Command, LogFormat, Secret, ServeConfig};
 pub use gpu::{FakeGpuProbe, GpuInfo, GpuProbe, NoGpu, NvmlProbe};
-pub use http::{app, AppState, BATCH_SIZE_HEADER, COMPUTE_TIME_HEADER, QUEUE_TIME_HEADER};
+pub use http::{
+    app, AppState, BATCH_SIZE_HEADER, COMPUTE_TIME_HEADER, QUEUE_TIME_HEADER, REQUEST_ID_HEADER, TIMEOUT_HEADER,
+};
+pub use models::EngineBuilder;
 
 use crate::gpu::GpuMonitor;
 use crate::models::{EngineSettings, Model};
@@ -32,11 +37,12 @@ use crate::models::{EngineSettings, Model};
 pub struct Server {
     config: ServeConfig,
     gpu_probe: Option<Arc<dyn GpuProbe>>,
+    engine_builder: Option<EngineBuilder>,
 }
 
 impl Server {
     pub fn new(config: ServeConfig) -> Self {
-        Server { config, gpu_probe: None }
+        Server { config, gpu_probe: None, engine_builder: None }
     }
 
     /// Replaces the system's GPU probe (NVML where present), for tests.
@@ -45,9 +51,16 @@ impl Server {
         self
     }
 
-    /// Serves on `listener` until `shutdown` resolves, then drains: readiness fails at once, no new connections
-    /// are taken, and in-flight requests get `--drain-timeout` to finish. Models load in the background, so the
-    /// probes answer (`starting`) from the first moment.
+    /// Builds every model's engines with `builder` instead of its backend, for tests.
+    pub fn with_engine_builder(mut self, builder: EngineBuilder) -> Self {
+        self.engine_builder = Some(builder);
+        self
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, then drains: readiness fails at once; requests are still
+    /// served for `--drain-delay`, so that load balancers notice; then no new connections are taken, and what is
+    /// in flight or queued gets `--drain-timeout` to finish; whatever is left after that is answered 503. Models
+    /// load in the background, so the probes answer (`starting`) from the first moment.
     pub async fn serve(
         self,
         listener: TcpListener,
@@ -73,18 +86,12 @@ impl Server {
                 default_intra_op_threads: config.intra_op_threads.unwrap_or((cores / onnx_instances).max(1)),
             },
             default_precision: config.default_precision(),
+            builder: self.engine_builder,
         };
         let models: Vec<Arc<Model>> = configs.into_iter().map(Model::new).collect();
         let gpu = GpuMonitor::new(self.gpu_probe.unwrap_or_else(gpu::system_probe));
         gpu.refresh().await;
-        let state = AppState::new(http::Shared {
-            models: models.clone(),
-            default_model,
-            gpu: gpu.clone(),
-            draining: AtomicBool::new(false),
-            require_gpu: config.require_gpu,
-            max_body_bytes: config.max_body_bytes,
-        });
+        let state = AppState::new(http::Shared::new(&config, models.clone(), default_model, gpu.clone())?);
 
         let refresher = tokio::spawn(gpu.refresh_every(Duration::from_millis(config.gpu_refresh_ms)));
         // Loading runs on the blocking pool and cannot be cancelled midway; once shutdown begins it loads no more.
@@ -95,7 +102,8 @@ impl Server {
                     if state.shared().draining.load(Ordering::SeqCst) {
                         model.set_loaded(Err("the server shut down before the model loaded".into()));
                     } else {
-                        model.set_loaded(models::load_model(&model.config, &settings));
+                        let observer = state.shared().metrics.batch_observer(model.name());
+                        model.set_loaded(models::load_model(&model.config, &settings, observer));
                     }
                 }
             });
@@ -104,17 +112,25 @@ impl Server {
         let addr = listener.local_addr()?;
         tracing::info!(%addr, repository = %repository.display(), models = models.len(), "listening");
         let (drain_started_tx, drain_started) = tokio::sync::oneshot::channel::<Instant>();
+        let drain_delay = config.drain_delay();
         let signal = {
             let state = state.clone();
             async move {
                 shutdown.await;
                 state.shared().draining.store(true, Ordering::SeqCst);
+                if !drain_delay.is_zero() {
+                    tracing::info!(
+                        delay_s = drain_delay.as_secs_f64(),
+                        "shutting down: readiness fails; still serving"
+                    );
+                    tokio::time::sleep(drain_delay).await;
+                }
                 for model in &state.shared().models {
                     if let Some(b) = model.batcher() {
                         b.flush();
                     }
                 }
-                tracing::info!("shutting down: draining in-flight requests");
+                tracing::info!("shutting down: no new connections; finishing in-flight and queued requests");
                 let _ = drain_started_tx.send(Instant::now());
             }
         };
@@ -128,9 +144,16 @@ impl Server {
                 match tokio::time::timeout(left, &mut server).await {
                     Ok(served) => served,
                     Err(_) => {
-                        tracing::warn!(timeout_s = drain_timeout.as_secs_f64(), "drain timed out; closing the connections still open");
-                        server.abort();
-                        Ok(Ok(()))
+                        tracing::warn!(timeout_s = drain_timeout.as_secs_f64(), "drain timed out; answering what is left with 503");
+                        state.shared().drain_expired.send_replace(true);
+                        // The handlers answer at once; give the answers a moment to be written, then close.
+                        match tokio::time::timeout(Duration::from_secs(2), &mut server).await {
+                            Ok(served) => served,
+                            Err(_) => {
+                                server.abort();
+                                Ok(Ok(()))
+                            }
+                        }
                     }
                 }
             }

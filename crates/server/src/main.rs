@@ -3,7 +3,7 @@
 use std::io::IsTerminal;
 
 use clap::Parser;
-use inferd_server::{Cli, Command};
+use inferd_server::{Cli, Command, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -11,11 +11,14 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(config) => {
-            tracing_subscriber::fmt()
+            let logs = tracing_subscriber::fmt()
                 .with_env_filter(EnvFilter::try_new(&config.log).unwrap_or_else(|_| EnvFilter::new("info")))
                 .with_writer(std::io::stderr)
-                .with_ansi(std::io::stderr().is_terminal())
-                .init();
+                .with_thread_names(true);
+            match config.log_format {
+                LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+                LogFormat::Json => logs.json().with_current_span(true).with_span_list(true).init(),
+            }
             inferd_server::run(config, shutdown_signal()).await
         }
     }

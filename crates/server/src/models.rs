@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use inferd_batcher::Batcher;
+use inferd_batcher::{BatchObserver, Batcher};
 use inferd_core::{Backend, Engine, ModelConfig, Precision, MODEL_CONFIG_FILE};
 use inferd_onnx::OnnxSettings;
 
@@ -31,23 +31,37 @@ pub fn discover(dir: &Path) -> anyhow::Result<Vec<ModelConfig>> {
     Ok(configs)
 }
 
+/// Builds an engine for a model in place of its backend: for tests that need an engine no model file describes
+/// (a slow one, say), run through the whole server.
+pub type EngineBuilder = Arc<dyn Fn(&ModelConfig) -> inferd_core::Result<Box<dyn Engine>> + Send + Sync>;
+
 /// What the engines need from the server's configuration.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct EngineSettings {
     pub onnx: OnnxSettings,
     pub default_precision: Precision,
+    /// Replaces the backends when set.
+    pub builder: Option<EngineBuilder>,
 }
 
 /// Builds one engine instance for a model: the one place that picks a backend.
 pub fn build_engine(config: &ModelConfig, settings: &EngineSettings) -> inferd_core::Result<Box<dyn Engine>> {
+    if let Some(build) = &settings.builder {
+        return build(config);
+    }
     Ok(match config.backend {
         Backend::Onnx => Box::new(inferd_onnx::OnnxEngine::load(config, &settings.onnx, settings.default_precision)?),
         Backend::Candle => Box::new(inferd_candle::CandleEngine::load(config, settings.default_precision)?),
     })
 }
 
-/// Loads every instance of a model, warms each at its max batch size, and starts its batcher. Blocking.
-pub fn load_model(config: &ModelConfig, settings: &EngineSettings) -> Result<Batcher, String> {
+/// Loads every instance of a model, warms each at its max batch size, and starts its batcher, which reports to
+/// `observer`. Blocking.
+pub fn load_model(
+    config: &ModelConfig,
+    settings: &EngineSettings,
+    observer: Arc<dyn BatchObserver>,
+) -> Result<Batcher, String> {
     let started = std::time::Instant::now();
     let mut engines = Vec::with_capacity(config.instances);
     for _ in 0..config.instances {
@@ -57,7 +71,7 @@ pub fn load_model(config: &ModelConfig, settings: &EngineSettings) -> Result<Bat
         engine.run(&warm_up).map_err(|e| format!("warm-up at batch size {}: {e}", config.batching.max_batch_size))?;
         engines.push(engine);
     }
-    let batcher = Batcher::start(&config.name, &config.batching, engines)
+    let batcher = Batcher::start(&config.name, &config.batching, engines, Some(observer))
         .map_err(|e| format!("cannot start its threads: {e}"))?;
     let meta = batcher.metadata();
     tracing::info!(

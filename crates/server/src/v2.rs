@@ -6,7 +6,7 @@
 //! the same for outputs asked for in binary.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -14,8 +14,7 @@ use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use inferd_batcher::InferRequest;
 use inferd_core::{element_count, DataType, ModelMetadata, Tensor, TensorSpec};
 use serde::{Deserialize, Serialize};
@@ -24,28 +23,35 @@ use serde_json::value::RawValue;
 
 use crate::codec::{self, names, FlatJson};
 use crate::error::AppError;
-use crate::http::{body_error, run_inference, AppState};
+use crate::http::{body_error, deadline_in, run_inference, AppState};
 use crate::models::ModelState;
+use crate::openapi::{self, ErrorBody, InferErrors};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 /// The header that gives the length of the JSON part of a body followed by binary tensors.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
 /// The one version every model has.
 pub const MODEL_VERSION: &str = "1";
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v2", get(server_metadata))
-        .route("/v2/health/live", get(server_live))
-        .route("/v2/health/ready", get(server_ready))
-        .route("/v2/repository/index", post(repository_index))
-        .route("/v2/models/{model}", get(model_metadata))
-        .route("/v2/models/{model}/versions/{version}", get(model_metadata))
-        .route("/v2/models/{model}/ready", get(model_ready))
-        .route("/v2/models/{model}/versions/{version}/ready", get(model_ready))
-        .route("/v2/models/{model}/config", get(model_config))
-        .route("/v2/models/{model}/versions/{version}/config", get(model_config))
-        .route("/v2/models/{model}/infer", post(infer))
-        .route("/v2/models/{model}/versions/{version}/infer", post(infer))
+/// The server probes, open to all.
+pub fn health_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(server_live)).routes(routes!(server_ready))
+}
+
+/// Everything else, behind the API key when one is configured.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(server_metadata))
+        .routes(routes!(repository_index))
+        .routes(routes!(model_metadata))
+        .routes(routes!(version_metadata))
+        .routes(routes!(model_ready))
+        .routes(routes!(version_ready))
+        .routes(routes!(model_config))
+        .routes(routes!(version_config))
+        .routes(routes!(infer))
+        .routes(routes!(version_infer))
 }
 
 /// The model a v2 route names (percent-decoded), its version checked.
@@ -68,6 +74,9 @@ impl<S: Send + Sync> FromRequestParts<S> for ModelName {
     }
 }
 
+/// Server metadata.
+#[utoipa::path(get, path = "/v2", tag = "kserve-v2", responses((status = 200, body = openapi::V2ServerMetadata)),
+    security(("api_key" = [])))]
 async fn server_metadata() -> Json<serde_json::Value> {
     Json(json!({
         "name": "inferd",
@@ -76,10 +85,15 @@ async fn server_metadata() -> Json<serde_json::Value> {
     }))
 }
 
+/// Server liveness.
+#[utoipa::path(get, path = "/v2/health/live", tag = "kserve-v2", responses((status = 200, description = "Live")))]
 async fn server_live() -> StatusCode {
     StatusCode::OK
 }
 
+/// Server readiness: every model ready and the server not draining.
+#[utoipa::path(get, path = "/v2/health/ready", tag = "kserve-v2", responses(
+    (status = 200, description = "Ready"), (status = 503, body = ErrorBody, description = "Not ready, or draining")))]
 async fn server_ready(State(state): State<AppState>) -> Result<StatusCode, AppError> {
     match state.readiness() {
         None => Ok(StatusCode::OK),
@@ -93,6 +107,11 @@ struct IndexRequest {
     ready: bool,
 }
 
+/// The models and their states.
+#[utoipa::path(post, path = "/v2/repository/index", tag = "kserve-v2",
+    request_body(content = Option<openapi::V2IndexRequest>),
+    responses((status = 200, body = Vec<openapi::V2IndexEntry>), (status = 400, body = ErrorBody)),
+    security(("api_key" = [])))]
 async fn repository_index(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
@@ -129,6 +148,11 @@ struct ModelMetadataJson<'a> {
     outputs: &'a [TensorSpec],
 }
 
+/// A model's inputs and outputs.
+#[utoipa::path(get, path = "/v2/models/{model}", tag = "kserve-v2", params(("model" = String, Path, description = "The model")),
+    responses((status = 200, body = openapi::V2ModelMetadata), (status = 404, body = ErrorBody),
+        (status = 503, body = ErrorBody)),
+    security(("api_key" = [])))]
 async fn model_metadata(State(state): State<AppState>, ModelName(name): ModelName) -> Result<Response, AppError> {
     let batcher = state.batcher(&name)?;
     let meta = batcher.metadata();
@@ -142,6 +166,10 @@ async fn model_metadata(State(state): State<AppState>, ModelName(name): ModelNam
     .into_response())
 }
 
+/// A model's readiness.
+#[utoipa::path(get, path = "/v2/models/{model}/ready", tag = "kserve-v2", params(("model" = String, Path, description = "The model")),
+    responses((status = 200, description = "Ready"), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security(("api_key" = [])))]
 async fn model_ready(State(state): State<AppState>, ModelName(name): ModelName) -> Result<StatusCode, AppError> {
     state.batcher(&name).map(|_| StatusCode::OK)
 }
@@ -154,6 +182,11 @@ fn config_type(datatype: DataType) -> String {
     }
 }
 
+/// A model's configuration, in Triton's terms.
+#[utoipa::path(get, path = "/v2/models/{model}/config", tag = "kserve-v2", params(("model" = String, Path, description = "The model")),
+    responses((status = 200, body = Object, description = "Triton-style model configuration"),
+        (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security(("api_key" = [])))]
 async fn model_config(State(state): State<AppState>, ModelName(name): ModelName) -> Result<Response, AppError> {
     let model = state.model(&name)?;
     let batcher = state.batcher(&name)?;
@@ -476,6 +509,13 @@ fn header_length(headers: &HeaderMap) -> Result<Option<usize>, AppError> {
         .transpose()
 }
 
+/// Runs an inference.
+#[utoipa::path(post, path = "/v2/models/{model}/infer", tag = "kserve-v2", params(("model" = String, Path, description = "The model")),
+    request_body(description = "JSON, or JSON followed by binary tensors (`Inference-Header-Content-Length`)",
+        content((openapi::V2InferRequest = "application/json"), ("application/octet-stream"))),
+    responses((status = 200, description = "JSON, or JSON followed by binary outputs",
+        content((openapi::V2InferResponse = "application/json"), ("application/octet-stream"))), InferErrors),
+    security(("api_key" = [])))]
 async fn infer(
     State(state): State<AppState>,
     ModelName(name): ModelName,
@@ -486,12 +526,14 @@ async fn infer(
     let body = body.map_err(body_error)?;
     let json_len = header_length(&headers)?;
     let (encoded, mut headers) = run_inference(
+        &state,
         batcher,
         body,
-        move |body, meta| {
+        move |body, meta, limits| {
+            codec::check_json_depth(&body[..json_len.unwrap_or(body.len()).min(body.len())], limits.max_json_depth)?;
             let request = decode_infer(body, json_len, meta)?;
-            let deadline = request.timeout.map(|t| Instant::now() + t);
-            Ok((InferRequest { inputs: request.inputs, deadline }, (request.id, request.outputs)))
+            let deadline = request.timeout.and_then(deadline_in);
+            Ok((InferRequest::new(request.inputs).with_deadline(deadline), (request.id, request.outputs)))
         },
         move |meta, outputs, (id, selection)| encode_infer(&name, id.as_deref(), meta, outputs, &selection),
     )
@@ -507,6 +549,50 @@ async fn infer(
         }
     }
     Ok((headers, body).into_response())
+}
+
+// The same handlers under `/versions/{version}`: one function per documented path.
+
+/// A model version's inputs and outputs.
+#[utoipa::path(get, path = "/v2/models/{model}/versions/{version}", tag = "kserve-v2", params(("model" = String, Path, description = "The model"), ("version" = String, Path, description = "Always `1`")),
+    responses((status = 200, body = openapi::V2ModelMetadata), (status = 404, body = ErrorBody),
+        (status = 503, body = ErrorBody)),
+    security(("api_key" = [])))]
+async fn version_metadata(state: State<AppState>, name: ModelName) -> Result<Response, AppError> {
+    model_metadata(state, name).await
+}
+
+/// A model version's readiness.
+#[utoipa::path(get, path = "/v2/models/{model}/versions/{version}/ready", tag = "kserve-v2", params(("model" = String, Path, description = "The model"), ("version" = String, Path, description = "Always `1`")),
+    responses((status = 200, description = "Ready"), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security(("api_key" = [])))]
+async fn version_ready(state: State<AppState>, name: ModelName) -> Result<StatusCode, AppError> {
+    model_ready(state, name).await
+}
+
+/// A model version's configuration.
+#[utoipa::path(get, path = "/v2/models/{model}/versions/{version}/config", tag = "kserve-v2", params(("model" = String, Path, description = "The model"), ("version" = String, Path, description = "Always `1`")),
+    responses((status = 200, body = Object, description = "Triton-style model configuration"),
+        (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security(("api_key" = [])))]
+async fn version_config(state: State<AppState>, name: ModelName) -> Result<Response, AppError> {
+    model_config(state, name).await
+}
+
+/// Runs an inference on a model version.
+#[utoipa::path(post, path = "/v2/models/{model}/versions/{version}/infer", tag = "kserve-v2", params(("model" = String, Path, description = "The model"), ("version" = String, Path, description = "Always `1`")),
+    request_body(description = "JSON, or JSON followed by binary tensors (`Inference-Header-Content-Length`)",
+        content((openapi::V2InferRequest = "application/json"), ("application/octet-stream"))),
+    responses((status = 200, description = "JSON, or JSON followed by binary outputs",
+        content((openapi::V2InferResponse = "application/json"), ("application/octet-stream"))), InferErrors),
+    security(("api_key" = [])))]
+async fn version_infer(
+    state: State<AppState>,
+    name: ModelName,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, AppError> {
+    infer(state, name, headers, body).await
 }
 
 #[cfg(test)]

@@ -42,6 +42,10 @@ struct Inferd {
 
 impl Inferd {
     fn start(repo: &Path, args: &[&str]) -> Inferd {
+        Inferd::start_with_env(repo, args, &[])
+    }
+
+    fn start_with_env(repo: &Path, args: &[&str], env: &[(&str, &str)]) -> Inferd {
         let lib = workspace().join(".cache/onnxruntime/libonnxruntime.so.1.31.1");
         let mut command = Command::new(env!("CARGO_BIN_EXE_inferd"));
         command.args(["serve", "--host", "127.0.0.1", "--port", "0", "--models"]).arg(repo);
@@ -52,6 +56,7 @@ impl Inferd {
             .args(args)
             .env_remove("MODEL_PATH")
             .env_remove("AZUREML_MODEL_DIR")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -65,8 +70,13 @@ impl Inferd {
         });
         let mut server = Inferd { child, base: String::new(), lines, log: Vec::new() };
         let line = server.wait_for_log("listening", Duration::from_secs(30));
-        let addr = line.split("addr=").nth(1).and_then(|s| s.split_whitespace().next()).expect("an address");
-        server.base = format!("http://{addr}");
+        let addr = match line.split("addr=").nth(1) {
+            Some(text) => text.split_whitespace().next().map(str::to_owned),
+            None => {
+                serde_json::from_str::<Value>(&line).ok().and_then(|v| v["fields"]["addr"].as_str().map(str::to_owned))
+            }
+        };
+        server.base = format!("http://{}", addr.expect("an address"));
         server
     }
 
@@ -221,4 +231,36 @@ fn a_broken_model_toml_stops_start_up_naming_the_file_and_field() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("digits-candle/model.toml: batching.max_batch_size"), "{stderr}");
+}
+
+#[tokio::test]
+async fn json_logs_carry_the_request_id_into_the_worker_and_never_show_the_key() {
+    const KEY: &str = "k-very-secret-1234";
+    let repo = repo(&["digits-candle"], |t| t);
+    let args = ["--log-format", "json", "--log", "inferd_batcher=debug,tower_http=debug,info"];
+    let mut server = Inferd::start_with_env(repo.path(), &args, &[("INFERD_API_KEY", KEY)]);
+    server.wait_loaded().await;
+    let client = reqwest::Client::new();
+    let body = json!({ "input": [pixels(0)] }).to_string();
+    let r =
+        client.post(server.url("/predict")).bearer_auth(KEY).header("x-request-id", "trace-me-7").body(body.clone());
+    assert_eq!(r.send().await.expect("answered").status(), 200);
+    let r = client.post(server.url("/predict")).bearer_auth("not-the-key").body(body);
+    assert_eq!(r.send().await.expect("answered").status(), 401);
+    server.signal("TERM");
+    assert_eq!(server.wait_exit(Duration::from_secs(10)), Some(0));
+    let lines: Vec<Value> =
+        server.log.iter().map(|l| serde_json::from_str(l).unwrap_or_else(|_| panic!("a JSON line: {l}"))).collect();
+    let served = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "served")
+        .unwrap_or_else(|| panic!("the worker logged the request: {}", server.log.join("\n")));
+    assert!(served["threadName"].as_str().is_some_and(|t| t.starts_with("inferd-digits-candle")), "{served}");
+    assert_eq!(served["span"]["id"], "trace-me-7", "the request's span, on the worker thread: {served}");
+    assert!(served["spans"].as_array().is_some_and(|s| s.iter().any(|s| s["name"] == "batch")), "{served}");
+    assert!(server.log.iter().all(|l| !l.contains(KEY)), "the key reached the log");
+
+    let help = Command::new(env!("CARGO_BIN_EXE_inferd")).args(["serve", "--help"]).env("INFERD_API_KEY", KEY).output();
+    let help = String::from_utf8_lossy(&help.expect("runs").stdout).into_owned();
+    assert!(help.contains("--api-key") && !help.contains(KEY), "{help}");
 }

@@ -1,0 +1,231 @@
+//! Prometheus metrics: every name defined here, once; a recorder of the server's own rather than a process-wide
+//! global (two servers in one process keep their figures apart); every series registered at start-up, so that it
+//! reads zero before the first request instead of being missing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use inferd_batcher::BatchObserver;
+use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, SharedString, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+
+use crate::gpu::GpuInfo;
+use crate::models::Model;
+
+/// The metric names, with Prometheus unit suffixes.
+pub mod names {
+    /// Inference requests answered, by `model`, `protocol` and `code`.
+    pub const REQUESTS: &str = "inferd_requests_total";
+    /// Inference requests being handled now, by `model` and `protocol`.
+    pub const REQUESTS_IN_FLIGHT: &str = "inferd_requests_in_flight";
+    /// Seconds from a request's arrival to its answer, by `model` and `protocol`.
+    pub const REQUEST_DURATION: &str = "inferd_request_duration_seconds";
+    /// Seconds a request waited in its model's queue before its batch started, by `model`.
+    pub const QUEUE_DURATION: &str = "inferd_queue_duration_seconds";
+    /// Seconds the engine spent on one batch, by `model`.
+    pub const COMPUTE_DURATION: &str = "inferd_compute_duration_seconds";
+    /// Rows in one batch, by `model`.
+    pub const BATCH_SIZE: &str = "inferd_batch_size_rows";
+    /// Batches whose engine call failed or panicked, by `model`.
+    pub const BATCH_FAILURES: &str = "inferd_batch_failures_total";
+    /// Requests waiting for a worker, by `model`.
+    pub const QUEUE_DEPTH: &str = "inferd_queue_depth";
+    /// 1 when the model is loaded, warmed and serving; 0 otherwise. By `model`.
+    pub const MODEL_READY: &str = "inferd_model_ready";
+    /// GPUs visible through NVML.
+    pub const GPUS: &str = "inferd_gpus";
+    /// By `gpu` (index) and `name`.
+    pub const GPU_MEMORY_USED: &str = "inferd_gpu_memory_used_bytes";
+    pub const GPU_MEMORY_TOTAL: &str = "inferd_gpu_memory_total_bytes";
+    /// The share of the last sample period a kernel ran, 0 to 1.
+    pub const GPU_UTILIZATION: &str = "inferd_gpu_utilization_ratio";
+    pub const GPU_TEMPERATURE: &str = "inferd_gpu_temperature_celsius";
+    /// The process's resident memory.
+    pub const RESIDENT_MEMORY: &str = "process_resident_memory_bytes";
+}
+
+/// The `protocol` label's values: `/predict` and `/models/{name}/predict`, and the v2 `infer` routes.
+pub const PROTOCOLS: [&str; 2] = ["predict", "v2"];
+
+/// The codes inference routes answer with; their series exist from start-up.
+const CODES: [u16; 8] = [200, 400, 401, 404, 413, 429, 500, 503];
+
+/// Histogram buckets for durations: 50 µs to 10 s.
+const SECONDS_BUCKETS: [f64; 17] =
+    [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+/// Histogram buckets for batch rows.
+const ROWS_BUCKETS: [f64; 12] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0];
+
+static METADATA: Metadata<'static> = Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+/// The server's metrics. Cheap to share behind the app state; handles are cheap to clone.
+pub struct Metrics {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+}
+
+impl Metrics {
+    /// Registers every series for `models` at zero.
+    pub fn new(models: &[&str]) -> Metrics {
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(names::BATCH_SIZE.into()), &ROWS_BUCKETS))
+            .expect("the bucket lists are not empty; this is a bug");
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        let metrics = Metrics { recorder, handle };
+        metrics.describe();
+        // Registering a series creates it at zero; the handles are taken again where they are used.
+        for &model in models {
+            for protocol in PROTOCOLS {
+                for code in CODES {
+                    let _ = metrics.requests(model, protocol, code);
+                }
+                let _ = metrics.in_flight(model, protocol);
+                let _ = metrics.request_duration(model, protocol);
+            }
+            let m = || vec![Label::new("model", model.to_owned())];
+            let _ = metrics.histogram(names::QUEUE_DURATION, m());
+            let _ = metrics.histogram(names::COMPUTE_DURATION, m());
+            let _ = metrics.histogram(names::BATCH_SIZE, m());
+            let _ = metrics.counter(names::BATCH_FAILURES, m());
+            let _ = metrics.gauge(names::QUEUE_DEPTH, m());
+            let _ = metrics.gauge(names::MODEL_READY, m());
+        }
+        let _ = metrics.gauge(names::GPUS, vec![]);
+        let _ = metrics.gauge(names::RESIDENT_MEMORY, vec![]);
+        metrics
+    }
+
+    fn describe(&self) {
+        let describe = |name: &'static str, unit: Option<Unit>, help: &'static str| {
+            self.recorder.describe_counter(name.into(), unit, SharedString::const_str(help));
+        };
+        describe(names::REQUESTS, None, "Inference requests answered, by model, protocol and status code.");
+        describe(names::REQUESTS_IN_FLIGHT, None, "Inference requests being handled now.");
+        describe(names::REQUEST_DURATION, Some(Unit::Seconds), "Time from a request's arrival to its answer.");
+        describe(names::QUEUE_DURATION, Some(Unit::Seconds), "Time a request waited before its batch started.");
+        describe(names::COMPUTE_DURATION, Some(Unit::Seconds), "Time the engine spent on one batch.");
+        describe(names::BATCH_SIZE, None, "Rows in one batch.");
+        describe(names::BATCH_FAILURES, None, "Batches whose engine call failed or panicked.");
+        describe(names::QUEUE_DEPTH, None, "Requests waiting for a worker.");
+        describe(names::MODEL_READY, None, "1 when the model is loaded, warmed and serving.");
+        describe(names::GPUS, None, "GPUs visible through NVML.");
+        describe(names::GPU_MEMORY_USED, Some(Unit::Bytes), "GPU memory in use.");
+        describe(names::GPU_MEMORY_TOTAL, Some(Unit::Bytes), "GPU memory in all.");
+        describe(names::GPU_UTILIZATION, None, "Share of the last sample period a kernel ran, 0 to 1.");
+        describe(names::GPU_TEMPERATURE, None, "GPU temperature in degrees Celsius.");
+        describe(names::RESIDENT_MEMORY, Some(Unit::Bytes), "Resident memory of the inferd process.");
+    }
+
+    fn counter(&self, name: &'static str, labels: Vec<Label>) -> Counter {
+        self.recorder.register_counter(&Key::from_parts(name, labels), &METADATA)
+    }
+
+    fn gauge(&self, name: &'static str, labels: Vec<Label>) -> Gauge {
+        self.recorder.register_gauge(&Key::from_parts(name, labels), &METADATA)
+    }
+
+    fn histogram(&self, name: &'static str, labels: Vec<Label>) -> Histogram {
+        self.recorder.register_histogram(&Key::from_parts(name, labels), &METADATA)
+    }
+
+    fn requests(&self, model: &str, protocol: &'static str, code: u16) -> Counter {
+        self.counter(
+            names::REQUESTS,
+            vec![
+                Label::new("model", model.to_owned()),
+                Label::new("protocol", protocol),
+                Label::new("code", code.to_string()),
+            ],
+        )
+    }
+
+    /// The in-flight gauge of `model` over `protocol`.
+    pub fn in_flight(&self, model: &str, protocol: &'static str) -> Gauge {
+        self.gauge(
+            names::REQUESTS_IN_FLIGHT,
+            vec![Label::new("model", model.to_owned()), Label::new("protocol", protocol)],
+        )
+    }
+
+    fn request_duration(&self, model: &str, protocol: &'static str) -> Histogram {
+        self.histogram(
+            names::REQUEST_DURATION,
+            vec![Label::new("model", model.to_owned()), Label::new("protocol", protocol)],
+        )
+    }
+
+    /// Counts one answered inference request.
+    pub fn request_done(&self, model: &str, protocol: &'static str, code: u16, elapsed: Duration) {
+        self.requests(model, protocol, code).increment(1);
+        self.request_duration(model, protocol).record(elapsed.as_secs_f64());
+    }
+
+    /// What `model`'s batcher reports into.
+    pub fn batch_observer(&self, model: &str) -> Arc<dyn BatchObserver> {
+        let m = || vec![Label::new("model", model.to_owned())];
+        Arc::new(ModelBatchMetrics {
+            queue: self.histogram(names::QUEUE_DURATION, m()),
+            compute: self.histogram(names::COMPUTE_DURATION, m()),
+            rows: self.histogram(names::BATCH_SIZE, m()),
+            failures: self.counter(names::BATCH_FAILURES, m()),
+        })
+    }
+
+    /// The exposition text, with the gauges read now: queue depths, readiness, the GPU snapshot, resident memory.
+    pub fn render(&self, models: &[Arc<Model>], gpus: &[GpuInfo]) -> String {
+        for model in models {
+            let m = || vec![Label::new("model", model.name().to_owned())];
+            let batcher = model.batcher();
+            self.gauge(names::QUEUE_DEPTH, m()).set(batcher.map_or(0, |b| b.queue_depth()) as f64);
+            self.gauge(names::MODEL_READY, m()).set(if batcher.is_some() { 1.0 } else { 0.0 });
+        }
+        self.gauge(names::GPUS, vec![]).set(gpus.len() as f64);
+        for gpu in gpus {
+            let g = || vec![Label::new("gpu", gpu.index.to_string()), Label::new("name", gpu.name.clone())];
+            self.gauge(names::GPU_MEMORY_USED, g()).set(gpu.memory_used_bytes as f64);
+            self.gauge(names::GPU_MEMORY_TOTAL, g()).set(gpu.memory_total_bytes as f64);
+            if let Some(percent) = gpu.utilization_percent {
+                self.gauge(names::GPU_UTILIZATION, g()).set(f64::from(percent) / 100.0);
+            }
+            if let Some(celsius) = gpu.temperature_celsius {
+                self.gauge(names::GPU_TEMPERATURE, g()).set(f64::from(celsius));
+            }
+        }
+        if let Some(bytes) = resident_memory_bytes() {
+            self.gauge(names::RESIDENT_MEMORY, vec![]).set(bytes as f64);
+        }
+        self.handle.render()
+    }
+}
+
+/// One model's batch-side series, fed from its worker threads.
+struct ModelBatchMetrics {
+    queue: Histogram,
+    compute: Histogram,
+    rows: Histogram,
+    failures: Counter,
+}
+
+impl BatchObserver for ModelBatchMetrics {
+    fn request_started(&self, queue_time: Duration) {
+        self.queue.record(queue_time.as_secs_f64());
+    }
+
+    fn batch_done(&self, rows: usize, compute_time: Duration, ok: bool) {
+        self.rows.record(rows as f64);
+        self.compute.record(compute_time.as_secs_f64());
+        if !ok {
+            self.failures.increment(1);
+        }
+    }
+}
+
+/// The process's resident set, from `/proc/self/status` (Linux; `None` elsewhere).
+fn resident_memory_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
