@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Runs every test, after the same set-up as the server (scripts/setup.sh):
 #  1. cargo test: unit, end-to-end and binary tests; each benchmark once;
-#  2. the Python client tests (Triton's own HTTP client against the inferd binary step 1 built), in .venv.
+#  2. the Python tests, in .venv: Triton's own HTTP client against the inferd binary step 1 built, the OpenAPI
+#     document, and the deployment files (hadolint, Kubernetes schemas, azure-ai-ml, ACI, probes against inferd);
+#  3. the GPU build: `cargo check --features cuda` with nvcc from the CUDA 13 wheels (scripts/check-cuda.sh; the
+#     first run downloads ~100 MB and compiles candle's kernels for ~8 minutes). INFERD_SKIP_CUDA_CHECK=1 skips it
+#     for a quick local run; CI never sets it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -9,10 +13,16 @@ cargo test --locked --workspace --all-targets "$@"
 
 # The venv is remade whenever the pinned requirements change.
 if ! cmp -s tests/python/requirements.txt .venv/requirements.txt 2>/dev/null; then
-    echo "test: installing the Python client tests' requirements into .venv" >&2
+    echo "test: installing the Python tests' requirements into .venv" >&2
     rm -rf .venv
     python3 -m venv .venv
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
     cp tests/python/requirements.txt .venv/requirements.txt
 fi
 INFERD_BIN=target/debug/inferd .venv/bin/python -m pytest -q -p no:cacheprovider tests/python
+
+if [ "${INFERD_SKIP_CUDA_CHECK:-0}" = 1 ]; then
+    echo "test: INFERD_SKIP_CUDA_CHECK=1: the GPU build check is skipped" >&2
+else
+    ./scripts/check-cuda.sh
+fi

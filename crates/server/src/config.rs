@@ -15,10 +15,31 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once at start-up: the size of the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the models of a model repository.
     Serve(ServeConfig),
+    /// Ask a running inferd on this machine whether it is ready; exit 0 if it is, 1 if not. For container
+    /// HEALTHCHECKs: the images need no curl.
+    Healthcheck(HealthcheckConfig),
+}
+
+/// `inferd healthcheck`.
+#[derive(Debug, Clone, Args)]
+pub struct HealthcheckConfig {
+    /// The port the server listens on (on 127.0.0.1).
+    #[arg(long, env = "INFERD_PORT", default_value_t = 8080)]
+    pub port: u16,
+
+    /// The route to ask; 200 means healthy.
+    #[arg(long, default_value = "/health/ready")]
+    pub path: String,
+
+    /// Seconds to wait for the answer.
+    #[arg(long, default_value_t = 3.0, value_name = "SECONDS")]
+    pub timeout: f64,
 }
 
 /// `inferd serve`.
@@ -29,11 +50,13 @@ pub struct ServeConfig {
     #[arg(long, env = "INFERD_MODELS")]
     pub models: Option<PathBuf>,
 
-    /// The model repository, as container images set it; used when --models is not given.
+    /// The model repository, as container images set it; used when neither --models nor AZUREML_MODEL_DIR is
+    /// given.
     #[arg(long, env = "MODEL_PATH", value_name = "DIR")]
     pub model_path: Option<PathBuf>,
 
-    /// The model folder Azure ML mounts; used when neither --models nor MODEL_PATH is given.
+    /// The model folder Azure ML mounts (it sets the variable only when it mounts a model, so it wins over an
+    /// image's MODEL_PATH); used when --models is not given.
     #[arg(long, env = "AZUREML_MODEL_DIR", value_name = "DIR")]
     pub azureml_model_dir: Option<PathBuf>,
 
@@ -181,12 +204,12 @@ fn seconds(value: f64, otherwise: Duration) -> Duration {
 }
 
 impl ServeConfig {
-    /// The repository folder: --models, else MODEL_PATH, else AZUREML_MODEL_DIR, else `models`.
+    /// The repository folder: --models, else AZUREML_MODEL_DIR, else MODEL_PATH, else `models`.
     pub fn repository(&self) -> PathBuf {
         self.models
             .clone()
-            .or_else(|| self.model_path.clone())
             .or_else(|| self.azureml_model_dir.clone())
+            .or_else(|| self.model_path.clone())
             .unwrap_or_else(|| PathBuf::from("models"))
     }
 
@@ -233,8 +256,10 @@ impl ServeConfig {
         S: Into<std::ffi::OsString> + Clone,
     {
         let argv = ["inferd".into(), "serve".into()].into_iter().chain(args.into_iter().map(Into::into));
-        let Cli { command: Command::Serve(config) } = Cli::try_parse_from(argv)?;
-        Ok(config)
+        match Cli::try_parse_from(argv)?.command {
+            Command::Serve(config) => Ok(config),
+            Command::Healthcheck(_) => unreachable!("the arguments start with `serve`"),
+        }
     }
 }
 
@@ -250,6 +275,9 @@ mod tests {
             ServeConfig::from_args(["--models", "a", "--model-path", "b", "--azureml-model-dir", "c"]).expect("parses");
         assert_eq!(c.repository(), PathBuf::from("a"));
         let c = ServeConfig::from_args(["--azureml-model-dir", "c"]).expect("parses");
+        assert_eq!(c.repository(), PathBuf::from("c"));
+        // Azure ML sets its variable only when it mounts a model: that wins over an image's MODEL_PATH.
+        let c = ServeConfig::from_args(["--model-path", "/models", "--azureml-model-dir", "c"]).expect("parses");
         assert_eq!(c.repository(), PathBuf::from("c"));
     }
 

@@ -21,6 +21,13 @@ async fn main() -> anyhow::Result<()> {
             }
             inferd_server::run(config, shutdown_signal()).await
         }
+        Command::Healthcheck(config) => {
+            if let Err(e) = inferd_server::healthcheck(&config).await {
+                eprintln!("inferd healthcheck: {e:#}");
+                std::process::exit(1);
+            }
+            Ok(())
+        }
     }
 }
 

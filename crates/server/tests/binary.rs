@@ -264,3 +264,43 @@ async fn json_logs_carry_the_request_id_into_the_worker_and_never_show_the_key()
     let help = String::from_utf8_lossy(&help.expect("runs").stdout).into_owned();
     assert!(help.contains("--api-key") && !help.contains(KEY), "{help}");
 }
+
+#[tokio::test]
+async fn healthcheck_exits_zero_only_when_the_server_is_ready() {
+    let repo = repo(&["digits-candle"], |t| t);
+    let mut server = Inferd::start(repo.path(), &["--drain-delay", "1"]);
+    let port = server.base.rsplit(':').next().expect("a port").to_owned();
+    let check = |port: &str| {
+        Command::new(env!("CARGO_BIN_EXE_inferd")).args(["healthcheck", "--port", port]).output().expect("runs")
+    };
+    server.wait_loaded().await;
+    let ready = check(&port);
+    assert!(ready.status.success(), "{}", String::from_utf8_lossy(&ready.stderr));
+    let live = Command::new(env!("CARGO_BIN_EXE_inferd"))
+        .args(["healthcheck", "--port", &port, "--path", "/nope"])
+        .output()
+        .expect("runs");
+    assert_eq!(live.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&live.stderr).contains("/nope answered 404"));
+    server.signal("TERM");
+    // Draining: the server still answers, but is not ready.
+    let mut draining = None;
+    for _ in 0..40 {
+        let out = check(&port);
+        if !out.status.success() {
+            draining = Some(String::from_utf8_lossy(&out.stderr).into_owned());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let draining = draining.expect("the check fails once the drain begins");
+    assert!(draining.contains("answered 503") && draining.contains("shutting down"), "{draining}");
+    assert_eq!(server.wait_exit(Duration::from_secs(10)), Some(0));
+    let gone = check(&port);
+    assert_eq!(gone.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&gone.stderr).contains("nothing answers"),
+        "{}",
+        String::from_utf8_lossy(&gone.stderr)
+    );
+}

@@ -1,0 +1,308 @@
+"""The deployment files, checked as far as a machine without Docker or Azure can: hadolint on the Dockerfiles, every
+Kubernetes manifest against its schema, the Azure ML YAML through azure-ai-ml's own loaders, the ACI YAML against
+the fields ACI requires, and every probe, route and port in every file against what a running inferd serves."""
+
+import base64
+import copy
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import kubernetes_validate
+import pytest
+import yaml
+from azure.ai.ml import load_online_deployment, load_online_endpoint
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+K8S = ROOT / "k8s"
+ACI = ROOT / "aci"
+AZUREML = ROOT / "azureml"
+INFERD_PORT = 8080
+
+# Custom resources: kubernetes-validate has schemas for the built-in kinds only. These are checked for the fields
+# their controllers need, and their probes and ports with everything else below.
+CUSTOM_KINDS = {
+    "ServiceMonitor": "a Prometheus Operator CRD (monitoring.coreos.com/v1); its schema ships with the operator",
+    "ServingRuntime": "a KServe CRD (serving.kserve.io/v1alpha1); its schema ships with KServe",
+    "InferenceService": "a KServe CRD (serving.kserve.io/v1beta1); its schema ships with KServe",
+    "Kustomization": "kustomize's own file, never sent to the cluster",
+}
+
+
+def k8s_documents():
+    for path in sorted(K8S.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                yield path.relative_to(ROOT), doc
+
+
+def get(url, method="GET", body=None):
+    request = urllib.request.Request(url, method=method, data=body)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+# --- Dockerfiles -----------------------------------------------------------------------------------------------
+
+DOCKERFILES = [ROOT / "docker" / "Dockerfile.cuda", ROOT / "docker" / "Dockerfile.cpu"]
+
+
+def test_dockerfiles_pass_hadolint():
+    hadolint = pathlib.Path(sys.executable).parent / "hadolint"
+    result = subprocess.run(
+        [str(hadolint), "--config", str(ROOT / ".hadolint.yaml"), *map(str, DOCKERFILES)],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_would_catch_a_bad_dockerfile(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu:latest\nRUN cd /tmp && apt-get install curl\n")
+    hadolint = pathlib.Path(sys.executable).parent / "hadolint"
+    result = subprocess.run([str(hadolint), "--config", str(ROOT / ".hadolint.yaml"), str(bad)], capture_output=True)
+    assert result.returncode != 0
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_images_run_unprivileged_and_check_their_own_health(dockerfile):
+    text = dockerfile.read_text()
+    users = re.findall(r"^USER (\S+)", text, re.M)
+    assert users and users[-1].split(":")[0].isdigit() and users[-1].split(":")[0] != "0", users
+    assert re.search(r"^EXPOSE 8080$", text, re.M)
+    assert 'CMD ["inferd", "healthcheck"]' in text, "the HEALTHCHECK needs no curl"
+    assert "libcuda" not in text, "no stand-in libcuda in an image: the driver's comes from the host"
+    assert "COPY models/ /models/" in text
+
+
+def test_the_cuda_image_targets_a_gpu_chosen_at_build_time():
+    text = (ROOT / "docker" / "Dockerfile.cuda").read_text()
+    for arg in ["CUDA_VERSION", "CUDA_COMPUTE_CAP", "ONNXRUNTIME_PACKAGE"]:
+        assert re.search(rf"^ARG {arg}\b", text, re.M), arg
+    assert "--features cuda" in text
+    assert "NVIDIA_VISIBLE_DEVICES=all" in text and "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in text
+    assert "INFERD_REQUIRE_GPU=true" in text
+    assert re.search(r"^FROM nvidia/cuda:\$\{CUDA_VERSION\}-cudnn-runtime", text, re.M)
+
+
+# --- Kubernetes ------------------------------------------------------------------------------------------------
+
+def test_kubernetes_manifests_match_their_schemas():
+    version = kubernetes_validate.latest_version()
+    checked = 0
+    for path, doc in k8s_documents():
+        if doc["kind"] in CUSTOM_KINDS:
+            continue
+        kubernetes_validate.validate(doc, version, strict=True)
+        checked += 1
+    assert checked >= 8, checked
+
+
+def test_the_schema_check_is_strict():
+    version = kubernetes_validate.latest_version()
+    deployment = next(d for _, d in k8s_documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "inferd")
+    bad = copy.deepcopy(deployment)
+    bad["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["paht"] = "/health/ready"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, version, strict=True)
+
+
+def test_custom_resources_carry_what_their_controllers_need():
+    kinds = {}
+    for path, doc in k8s_documents():
+        if doc["kind"] not in CUSTOM_KINDS or doc["kind"] == "Kustomization":
+            continue
+        kinds[doc["kind"]] = doc
+        assert doc["apiVersion"] and doc["metadata"]["name"] and doc["spec"], path
+    runtime = kinds["ServingRuntime"]["spec"]
+    assert "v2" in runtime["protocolVersions"]
+    assert runtime["containers"][0]["name"] == "kserve-container"
+    assert "/mnt/models" in runtime["containers"][0]["args"]
+    service = kinds["InferenceService"]["spec"]["predictor"]
+    assert service["model"]["runtime"] == kinds["ServingRuntime"]["metadata"]["name"]
+    assert service["model"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert kinds["ServiceMonitor"]["spec"]["endpoints"][0]["port"] == "http"
+
+
+def test_the_gpu_deployment_lands_on_the_gpu_pool_and_outlives_its_drain():
+    deployment = next(d for _, d in k8s_documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "inferd")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"} in pod["tolerations"]
+    assert pod["nodeSelector"]
+    config = next(d for _, d in k8s_documents() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "inferd-config")
+    drain = float(config["data"]["INFERD_DRAIN_DELAY"]) + float(config["data"]["INFERD_DRAIN_TIMEOUT"])
+    assert pod["terminationGracePeriodSeconds"] > drain
+    for probe in ["startupProbe", "readinessProbe", "livenessProbe"]:
+        assert probe in container
+
+
+def test_kustomization_applies_every_namespaced_inferd_manifest():
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    listed = set(kustomization["resources"])
+    on_their_own = {"kustomization.yaml", "nvidia-device-plugin.yaml"}
+    present = {p.name for p in K8S.glob("*.yaml")} - on_their_own
+    assert listed == present
+
+
+def test_the_model_config_in_the_configmap_is_one_inferd_reads(tmp_path):
+    config = next(d for _, d in k8s_documents() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "inferd-model-config")
+    model = tmp_path / "digits"
+    shutil.copytree(ROOT / "models" / "digits", model)
+    (model / "model.toml").write_text(config["data"]["digits.model.toml"])
+    binary = os.environ.get("INFERD_BIN", str(ROOT / "target" / "debug" / "inferd"))
+    lib = ROOT / ".cache" / "onnxruntime" / "libonnxruntime.so.1.31.1"
+    proc = subprocess.Popen([binary, "serve", "--host", "127.0.0.1", "--port", "0", "--models", str(tmp_path),
+                             "--onnxruntime-lib", str(lib)], stderr=subprocess.PIPE, text=True)
+    try:
+        address = None
+        for line in proc.stderr:
+            match = re.search(r"listening addr=(\S+)", line)
+            if match:
+                address = match.group(1)
+                break
+        assert address, "inferd parsed the ConfigMap's model.toml and started"
+        for _ in range(200):
+            health = json.loads(get(f"http://{address}/health")[1])
+            if health["status"] != "starting":
+                break
+            time.sleep(0.05)
+        # The TOML parsed; on this GPU-less machine the model asks for `cuda` and cannot load, as it should.
+        assert health["models"][0]["name"] == "digits"
+        assert health["models"][0]["state"] == "failed" and "cuda" in health["models"][0]["error"].lower()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+# --- Azure ML ---------------------------------------------------------------------------------------------------
+
+def test_azure_ml_yaml_loads_with_azure_ai_ml():
+    endpoint = load_online_endpoint(str(AZUREML / "endpoint.yml"))
+    deployment = load_online_deployment(str(AZUREML / "deployment.yml"))
+    assert deployment.endpoint_name == endpoint.name
+    assert endpoint.auth_mode == "key"
+    assert deployment.request_settings.max_concurrent_requests_per_instance > 1, "1 would starve the batcher"
+    assert re.match(r"Standard_N[CDV]", deployment.instance_type), "a GPU instance type"
+    assert (pathlib.Path(deployment.model.path) / "model.toml").is_file()
+    assert "MODEL_PATH" not in deployment.environment_variables, "AZUREML_MODEL_DIR finds the model"
+
+
+def test_azure_ml_loading_refuses_a_broken_file(tmp_path):
+    text = (AZUREML / "deployment.yml").read_text().replace("instance_count: 1", "instance_count: many")
+    broken = tmp_path / "deployment.yml"
+    broken.write_text(text.replace("path: ../models/digits", f"path: {ROOT / 'models' / 'digits'}"))
+    with pytest.raises(Exception):
+        load_online_deployment(str(broken))
+
+
+# --- ACI ---------------------------------------------------------------------------------------------------------
+
+ACI_FILES = sorted(ACI.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", ACI_FILES, ids=lambda p: p.name)
+def test_aci_yaml_has_the_fields_aci_requires(path):
+    group = yaml.safe_load(path.read_text())
+    for field in ["apiVersion", "location", "name", "properties"]:
+        assert group.get(field), field
+    assert group["type"] == "Microsoft.ContainerInstance/containerGroups"
+    props = group["properties"]
+    assert props["osType"] == "Linux"
+    assert props["restartPolicy"] in {"Always", "OnFailure", "Never"}
+    names = [c["name"] for c in props["containers"]]
+    assert len(names) == len(set(names))
+    exposed = {p["port"] for p in props["ipAddress"]["ports"]}
+    container_ports = set()
+    for container in props["containers"]:
+        c = container["properties"]
+        assert c["image"]
+        requests = c["resources"]["requests"]
+        assert requests["cpu"] > 0 and requests["memoryInGB"] > 0
+        container_ports |= {p["port"] for p in c.get("ports", [])}
+        for mount in c.get("volumeMounts", []):
+            assert mount["name"] in {v["name"] for v in props["volumes"]}
+    assert exposed <= container_ports, "every public port is a container's"
+    inferd = next(c["properties"] for c in props["containers"] if c["name"] == "inferd")
+    gpu = inferd["resources"]["requests"]["gpu"]
+    assert gpu["count"] >= 1 and gpu["sku"] in {"K80", "P100", "V100"}
+    env = {e["name"]: e.get("value", e.get("secureValue")) for e in inferd["environmentVariables"]}
+    assert env["MODEL_PATH"] == "/models" and env["USE_FP16"] == "true"
+
+
+def test_the_gateway_config_in_the_aci_yaml_is_the_committed_one():
+    group = yaml.safe_load((ACI / "inferd-gpu-gateway.yaml").read_text())
+    secret = group["properties"]["volumes"][0]["secret"]["nginx.conf"]
+    assert base64.b64decode(secret) == (ACI / "gateway" / "nginx.conf").read_bytes()
+
+
+# --- Every probe, route and port against a running inferd -----------------------------------------------------
+
+def probes_and_routes():
+    """(where, path, port, method) for everything any file points at inferd."""
+    found = []
+    config = next(d for _, d in k8s_documents() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "inferd-config")
+    for path, doc in k8s_documents():
+        spec = doc.get("spec", {})
+        pod = spec.get("template", {}).get("spec") or (spec if doc["kind"] == "ServingRuntime" else None)
+        if doc["kind"] == "ServiceMonitor":
+            found.append((f"{path} ServiceMonitor", spec["endpoints"][0]["path"], INFERD_PORT, "GET"))
+        if not pod or doc["metadata"]["name"].startswith("nvidia"):
+            continue
+        for c in pod["containers"]:
+            named = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+            args = c.get("args", [])
+            port = int(args[args.index("--port") + 1]) if "--port" in args else int(config["data"]["INFERD_PORT"])
+            assert port in named.values(), f"{path}: the container port is the one inferd listens on"
+            for probe in ["startupProbe", "readinessProbe", "livenessProbe"]:
+                if probe in c:
+                    http = c[probe]["httpGet"]
+                    found.append((f"{path} {probe}", http["path"], named.get(http["port"], http["port"]), "GET"))
+    for path in ACI_FILES:
+        group = yaml.safe_load(path.read_text())
+        for container in group["properties"]["containers"]:
+            if container["name"] != "inferd":
+                continue
+            c = container["properties"]
+            for probe in ["livenessProbe", "readinessProbe"]:
+                http = c[probe]["httpGet"]
+                found.append((f"{path.name} {probe}", http["path"], http["port"], "GET"))
+    deployment = load_online_deployment(str(AZUREML / "deployment.yml"))
+    for name, route in deployment.environment.inference_config.items():
+        method = "POST" if name == "scoringRoute" else "GET"
+        found.append((f"azureml {name}", route["path"], route["port"], method))
+    nginx = (ACI / "gateway" / "nginx.conf").read_text()
+    assert re.search(r"server 127\.0\.0\.1:8080;", nginx), "the gateway forwards to inferd on localhost"
+    for location in re.findall(r"location (?:= )?(/\S*) \{\s*proxy_pass", nginx):
+        found.append(("gateway location", location.rstrip("/") or "/", INFERD_PORT, "POST" if "predict" in location else "GET"))
+    return found
+
+
+def test_every_probe_and_route_in_every_file_is_served_by_inferd(server_url):
+    document = json.loads(get(f"http://{server_url}/openapi.json")[1])
+    routes = set(document["paths"])
+    checked = probes_and_routes()
+    assert len(checked) >= 15, checked
+    for where, path, port, method in checked:
+        assert port == INFERD_PORT, f"{where}: port {port}"
+        if path == "/v2":
+            continue  # the gateway's /v2/ prefix: every v2 route, checked by test_openapi.py
+        assert path in routes, f"{where}: {path} is not a route inferd serves"
+        body = json.dumps({"input": [[0.0] * 64]}).encode() if method == "POST" else None
+        url = f"http://{server_url}{path}"
+        if path == "/predict":
+            url = f"http://{server_url}/models/digits/predict"  # the test server has several models
+        status, answer = get(url, method, body)
+        assert status == 200, f"{where}: {method} {path} answered {status}: {answer[:200]}"
