@@ -116,7 +116,6 @@ struct Shared {
     max_queue_size: usize,
     /// The model's own queue deadline (`timeout_ms`), if any.
     timeout: Option<Duration>,
-    instances: usize,
     state: Mutex<State>,
     /// Wakes the scheduler: a request arrived, a worker took a batch, or the mode changed.
     scheduler_wake: Condvar,
@@ -131,7 +130,9 @@ struct Shared {
 struct State {
     /// Requests not yet in a batch, in arrival order.
     queue: VecDeque<Pending>,
-    /// Batches cut and waiting for a worker: at most one per worker, so the next batch forms while one runs.
+    /// Batches cut for an idle worker that has not picked them up yet. A batch is cut only when a worker is free
+    /// to run it, so everything that arrives while the workers are busy waits in `queue` and goes into the next
+    /// batch together (cutting a batch ahead, as a prefetch, made closed-loop batches alternate small and large).
     ready: VecDeque<Vec<Pending>>,
     /// Requests inside `ready`.
     ready_requests: usize,
@@ -140,6 +141,8 @@ struct State {
     /// No new requests; threads exit once the queue and `ready` are empty.
     stopping: bool,
     live_threads: usize,
+    /// Workers waiting for a batch.
+    idle_workers: usize,
 }
 
 /// A queued request (or one piece of a split one).
@@ -201,7 +204,6 @@ impl Batcher {
             policy: Policy::from_config(config),
             max_queue_size: config.max_queue_size,
             timeout: (config.timeout_ms > 0).then(|| Duration::from_millis(config.timeout_ms)),
-            instances: engines.len(),
             state: Mutex::new(State {
                 queue: VecDeque::new(),
                 ready: VecDeque::new(),
@@ -209,6 +211,7 @@ impl Batcher {
                 flush: false,
                 stopping: false,
                 live_threads: 0,
+                idle_workers: 0,
             }),
             scheduler_wake: Condvar::new(),
             worker_wake: Condvar::new(),
@@ -313,9 +316,14 @@ impl Batcher {
                 })
                 .collect();
             shared.stats.requests.fetch_add(1, Ordering::Relaxed);
+            // An idle worker gets its batch from here, with no hop through the scheduler thread. The scheduler
+            // is woken only when it has a timer to set: a queue delay to wait out, or a deadline.
+            let wait = shared.cut(&mut state, now);
+            if wait.is_some() || deadline.is_some() {
+                shared.scheduler_wake.notify_one();
+            }
             receivers
         };
-        shared.scheduler_wake.notify_one();
 
         let mut answers = Vec::with_capacity(receivers.len());
         for rx in receivers {
@@ -446,25 +454,8 @@ impl Shared {
                 break;
             }
             let mut wake_at = state.queue.iter().chain(state.ready.iter().flatten()).filter_map(|p| p.deadline).min();
-            if state.ready.len() < self.instances {
-                let candidates: Vec<Candidate<&ShapeKey>> = state
-                    .queue
-                    .iter()
-                    .map(|p| Candidate { rows: p.rows, key: p.key.as_slice(), enqueued_at: p.enqueued_at })
-                    .collect();
-                match decide(&candidates, &self.policy, now, state.flush) {
-                    Decision::Run { positions, rows, reason } => {
-                        drop(candidates);
-                        let batch = take_positions(&mut state.queue, &positions);
-                        tracing::trace!(model = %self.name, rows, requests = batch.len(), ?reason, "batch cut");
-                        state.ready_requests += batch.len();
-                        state.ready.push_back(batch);
-                        self.worker_wake.notify_one();
-                        continue;
-                    }
-                    Decision::WaitUntil(t) => wake_at = Some(wake_at.map_or(t, |w| w.min(t))),
-                    Decision::Idle => {}
-                }
+            if let Some(t) = self.cut(&mut state, now) {
+                wake_at = Some(wake_at.map_or(t, |w| w.min(t)));
             }
             state = match wake_at {
                 Some(t) => {
@@ -478,24 +469,61 @@ impl Shared {
         self.worker_wake.notify_all();
     }
 
-    /// A worker thread: owns one engine and runs the batches the scheduler cuts.
+    /// Cuts batches from the queue for the idle workers, as the policy decides; whoever holds the lock and has
+    /// just changed what a decision depends on calls it (a new request, a worker turning idle, the scheduler's
+    /// timer). Returns when the policy wants to be asked again if nothing else happens.
+    fn cut(&self, state: &mut State, now: Instant) -> Option<Instant> {
+        while state.ready.len() < state.idle_workers {
+            let candidates: Vec<Candidate<&ShapeKey>> = state
+                .queue
+                .iter()
+                .map(|p| Candidate { rows: p.rows, key: p.key.as_slice(), enqueued_at: p.enqueued_at })
+                .collect();
+            match decide(&candidates, &self.policy, now, state.flush) {
+                Decision::Run { positions, rows, reason } => {
+                    drop(candidates);
+                    let batch = take_positions(&mut state.queue, &positions);
+                    tracing::trace!(model = %self.name, rows, requests = batch.len(), ?reason, "batch cut");
+                    state.ready_requests += batch.len();
+                    state.ready.push_back(batch);
+                    self.worker_wake.notify_one();
+                }
+                Decision::WaitUntil(t) => return Some(t),
+                Decision::Idle => return None,
+            }
+        }
+        None
+    }
+
+    /// A worker thread: owns one engine and runs a batch whenever one is cut for it.
     fn work(&self, mut engine: Box<dyn Engine>) {
         loop {
             let batch = {
                 let mut state = lock(&self.state);
+                state.idle_workers += 1;
                 loop {
                     if let Some(batch) = state.ready.pop_front() {
                         state.ready_requests -= batch.len();
+                        state.idle_workers -= 1;
                         break batch;
                     }
                     if state.stopping && state.queue.is_empty() {
+                        state.idle_workers -= 1;
+                        // The scheduler may be asleep with no timer: let it see that there is nothing left.
+                        self.scheduler_wake.notify_all();
                         return;
+                    }
+                    // Free now: take what is queued without waiting for the scheduler thread.
+                    if self.cut(&mut state, Instant::now()).is_some() {
+                        // The policy waits (a queue delay): the scheduler's timer cuts the batch when it is due.
+                        self.scheduler_wake.notify_one();
+                    }
+                    if !state.ready.is_empty() {
+                        continue;
                     }
                     state = self.worker_wake.wait(state).unwrap_or_else(PoisonError::into_inner);
                 }
             };
-            // A slot is free: the scheduler may cut the next batch while this one runs.
-            self.scheduler_wake.notify_one();
             self.run_batch(engine.as_mut(), batch);
         }
     }
