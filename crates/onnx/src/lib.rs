@@ -170,6 +170,11 @@ fn open_session(
     let mut builder = Session::builder(&runtime.environment)
         .and_then(|b| b.with_intra_threads(threads).map_err(Into::into))
         .and_then(|b| b.with_inter_threads(1).map_err(Into::into))
+        // ONNX Runtime's pool threads spin between operators by default. In a server the runtime's threads and the
+        // other models share the cores with them, and a spinning thread burns the time they need: measured on 2
+        // cores, spinning took a third of the server's CPU with no work to do (benches/README.md).
+        .and_then(|b| b.with_intra_op_spinning(false).map_err(Into::into))
+        .and_then(|b| b.with_inter_op_spinning(false).map_err(Into::into))
         .map_err(|e| fail(&e))?;
     if let Placement::Gpu { device, .. } = placement {
         let id = i32::try_from(device).map_err(|_| fail(&format!("no GPU numbered {device}")))?;
