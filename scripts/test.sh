@@ -10,6 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 cargo test --locked --workspace --all-targets "$@"
+# The load generator, which the Python tests drive against the server.
+cargo build --locked -p inferd-benches --bin inferd-bench
 
 # The venv is remade whenever the pinned requirements change.
 if ! cmp -s tests/python/requirements.txt .venv/requirements.txt 2>/dev/null; then

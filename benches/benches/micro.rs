@@ -1,12 +1,12 @@
 //! Micro-benchmarks of the request path's CPU work: the batching decision, gathering and scattering a batch's
-//! rows, and decoding a /predict body. Run with `cargo bench -p inferd-benches`; compare within one run.
+//! rows, decoding a /predict body, and decoding a v2 body with binary tensors. Run with `cargo bench -p inferd-benches`; compare within one run.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use inferd_batcher::policy::{decide, Candidate, Policy};
-use inferd_core::{BatchingConfig, DataType, Tensor, TensorSpec};
+use inferd_core::{BatchingConfig, DataType, ModelMetadata, Precision, Tensor, TensorSpec};
 
 fn batching_policy(c: &mut Criterion) {
     let policy = Policy::from_config(&BatchingConfig { max_queue_delay_us: 1_000, ..BatchingConfig::default() });
@@ -40,5 +40,29 @@ fn json_decode(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, batching_policy, concat_split, json_decode);
+fn binary_decode(c: &mut Criterion) {
+    for (rows, cols) in [(1usize, 64usize), (64, 512)] {
+        let spec =
+            |name: &str, width| TensorSpec { name: name.into(), datatype: DataType::Fp32, shape: vec![-1, width] };
+        let meta = ModelMetadata {
+            inputs: vec![spec("input", cols as i64)],
+            outputs: vec![spec("logits", 10)],
+            device: "cpu".into(),
+            precision: Precision::Fp32,
+            platform: "bench",
+        };
+        let data: Vec<u8> = (0..rows * cols).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let header = format!(
+            r#"{{"inputs":[{{"name":"input","shape":[{rows},{cols}],"datatype":"FP32","parameters":{{"binary_data_size":{}}}}}]}}"#,
+            data.len()
+        );
+        let mut body = header.clone().into_bytes();
+        body.extend_from_slice(&data);
+        c.bench_function(&format!("decode_infer_binary/{rows}x{cols}_fp32"), |b| {
+            b.iter(|| inferd_server::v2::decode_infer(black_box(&body), Some(header.len()), &meta))
+        });
+    }
+}
+
+criterion_group!(benches, batching_policy, concat_split, json_decode, binary_decode);
 criterion_main!(benches);

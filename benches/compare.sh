@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Every figure behind the performance targets, from one run on this machine (benches/README.md):
+#   1. the FastAPI baseline (benches/python/fastapi_server.py, 2 uvicorn workers) and inferd, each alone on the
+#      machine, driven by the same inferd-bench load: digits, 1 row per request, 64 clients;
+#   2. the engine-only limits (inferd-bench engine) for digits and wide, and inferd over HTTP against them:
+#      wide at 64 clients against the engine at batch 64, and one client against the engine's single-row time;
+#   3. inferd's idle resident memory with the bundled models;
+#   4. a concurrency sweep of inferd on digits, for the plots.
+# Prints a table of ratios. The load generator shares the two cores with the server, as the targets say.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-10}
+WARMUP=${WARMUP:-2}
+OUT=${OUT:-benches/results}
+PORT=${PORT:-18080}
+mkdir -p "$OUT"
+
+./scripts/setup.sh
+cargo build --release --locked -p inferd-server -p inferd-benches
+BENCH=target/release/inferd-bench
+INFERD=target/release/inferd
+if ! cmp -s benches/python/requirements-bench.txt .cache/benchenv/requirements.txt 2>/dev/null; then
+    rm -rf .cache/benchenv
+    python3 -m venv .cache/benchenv
+    .cache/benchenv/bin/python -m pip install --quiet --disable-pip-version-check -r benches/python/requirements-bench.txt
+    cp benches/python/requirements-bench.txt .cache/benchenv/requirements.txt
+fi
+
+SERVER_PID=
+stop_server() {
+    if [ -n "$SERVER_PID" ]; then
+        kill -TERM "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+        SERVER_PID=
+    fi
+}
+trap stop_server EXIT
+wait_ready() {
+    for _ in $(seq 600); do
+        curl -fsS -o /dev/null "http://127.0.0.1:$PORT/health/ready" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "compare: the server on :$PORT never became ready" >&2
+    exit 1
+}
+start_inferd() {
+    "$INFERD" serve --host 127.0.0.1 --port "$PORT" --log warn "$@" &
+    SERVER_PID=$!
+    wait_ready
+}
+bench() {
+    "$BENCH" http --url "http://127.0.0.1:$PORT" --warmup "$WARMUP" --duration "$DURATION" --out "$OUT" --quiet "$@"
+}
+field() { # field FILE EXPRESSION: a figure from a results file
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print($2)" "$OUT/$1.json"
+}
+
+echo "== FastAPI + uvicorn + onnxruntime, digits, 64 clients"
+MODEL=models/digits/model.onnx .cache/benchenv/bin/uvicorn --workers 2 --loop uvloop --http httptools \
+    --app-dir benches/python fastapi_server:app --host 127.0.0.1 --port "$PORT" --log-level warning &
+SERVER_PID=$!
+wait_ready
+bench --model digits --path /predict --body tests/data/request.json --concurrency 64 --name fastapi-digits-c64
+stop_server
+
+echo "== inferd, digits, 64 clients and 1 client"
+start_inferd --models models/digits
+bench --model digits --path /predict --body tests/data/request.json --concurrency 64 --name inferd-digits-c64
+bench --model digits --path /predict --body tests/data/request.json --concurrency 1 --name inferd-digits-c1
+bench --model digits --sweep 1,4,16,64,128 --name inferd-digits-sweep
+stop_server
+
+echo "== engine only"
+"$BENCH" engine --model-dir models/digits --batch-sizes 1,64 --warmup 1 --duration 5 --out "$OUT" --name engine-digits
+"$BENCH" engine --model-dir .cache/models/wide --batch-sizes 1,64 --warmup 1 --duration 5 --out "$OUT" --name engine-wide
+
+echo "== inferd, wide, 64 clients"
+start_inferd --models .cache/models/wide
+bench --model wide --concurrency 64 --name inferd-wide-c64
+bench --model wide --concurrency 64 --protocol v2-binary --name inferd-wide-c64-binary
+stop_server
+
+echo "== idle memory with the bundled models"
+start_inferd --models models
+sleep 2
+RSS_KIB=$(awk '/^VmRSS:/ {print $2}' "/proc/$SERVER_PID/status")
+stop_server
+
+FASTAPI=$(field fastapi-digits-c64 'r[0]["throughput_rps"]')
+INFERD64=$(field inferd-digits-c64 'r[0]["throughput_rps"]')
+P50=$(field inferd-digits-c1 'r[0]["latency_us"]["p50"]/1e3')
+P99=$(field inferd-digits-c1 'r[0]["latency_us"]["p99"]/1e3')
+ENGINE1=$(field engine-digits 'r[0]["latency_us"]["p50"]/1e3')
+WIDE_ENGINE=$(field engine-wide 'r[1]["rows_per_s"]')
+WIDE=$(field inferd-wide-c64 'r[0]["rows_per_s"]')
+WIDE_BINARY=$(field inferd-wide-c64-binary 'r[0]["rows_per_s"]')
+python3 - "$FASTAPI" "$INFERD64" "$P50" "$P99" "$ENGINE1" "$WIDE_ENGINE" "$WIDE" "$WIDE_BINARY" "$RSS_KIB" <<'PY' | tee "$OUT/targets.txt"
+import sys
+fastapi, inferd, p50, p99, engine1, wide_engine, wide, wide_binary, rss_kib = map(float, sys.argv[1:])
+rows = [
+    ("digits c=64: inferd / FastAPI throughput", f"{inferd:,.0f} / {fastapi:,.0f} req/s", inferd / fastapi, ">= 10", inferd / fastapi >= 10),
+    ("wide c=64 JSON: inferd / engine batch 64", f"{wide:,.0f} / {wide_engine:,.0f} rows/s", wide / wide_engine, ">= 0.6", wide / wide_engine >= 0.6),
+    ("wide c=64 v2 binary: inferd / engine b64", f"{wide_binary:,.0f} / {wide_engine:,.0f} rows/s", wide_binary / wide_engine, ">= 0.6", wide_binary / wide_engine >= 0.6),
+    ("digits c=1: p50 - engine single row", f"{p50:.3f} - {engine1:.3f} ms", p50 - engine1, "<= 0.2 ms", p50 - engine1 <= 0.2),
+    ("digits c=1: p99 / p50", f"{p99:.3f} / {p50:.3f} ms", p99 / p50, "<= 2", p99 / p50 <= 2),
+    ("idle RSS, bundled models", f"{rss_kib / 1024:.1f} MiB", rss_kib / 1024, "<= 50 MB", rss_kib * 1024 <= 50e6),
+]
+print(f"{'target':<44} {'measured':<28} {'value':>8}  {'goal':<10} met")
+for name, measured, value, goal, met in rows:
+    print(f"{name:<44} {measured:<28} {value:>8.3f}  {goal:<10} {'yes' if met else 'NO'}")
+PY
