@@ -331,8 +331,7 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
 /// The `model` and `protocol` labels of an inference route; `None` for the other routes. A model this server
 /// does not have is labelled `""`, so clients cannot mint series.
 async fn inference_labels(state: &AppState, parts: &mut axum::http::request::Parts) -> Option<(String, &'static str)> {
-    let path = parts.extensions.get::<MatchedPath>()?.as_str().to_owned();
-    let protocol = match path.as_str() {
+    let protocol = match parts.extensions.get::<MatchedPath>()?.as_str() {
         "/predict" => return Some((state.0.default_model.clone().unwrap_or_default(), "predict")),
         "/models/{name}/predict" => "predict",
         p if p.starts_with("/v2/models/") && p.ends_with("/infer") => "v2",
@@ -484,7 +483,7 @@ async fn predict(
     Ok((headers, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response())
 }
 
-fn served_headers(batch_rows: usize, queue: std::time::Duration, compute: std::time::Duration) -> HeaderMap {
+fn served_headers(batch_rows: usize, queue: Duration, compute: Duration) -> HeaderMap {
     let mut headers = HeaderMap::new();
     for (name, value) in [
         (BATCH_SIZE_HEADER, batch_rows as u128),

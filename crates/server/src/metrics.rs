@@ -2,6 +2,7 @@
 //! global (two servers in one process keep their figures apart); every series registered at start-up, so that it
 //! reads zero before the first request instead of being missing.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +63,17 @@ static METADATA: Metadata<'static> = Metadata::new(module_path!(), metrics::Leve
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
+    /// The request-side series of each model, one per protocol (in `PROTOCOLS` order), registered at start-up so
+    /// that a request costs no registry lookup or label allocation.
+    routes: HashMap<String, [RouteSeries; 2]>,
+}
+
+/// One model's series over one protocol.
+struct RouteSeries {
+    in_flight: Gauge,
+    duration: Histogram,
+    /// The counter of each code in `CODES`.
+    codes: Vec<(u16, Counter)>,
 }
 
 impl Metrics {
@@ -73,17 +85,16 @@ impl Metrics {
             .expect("the bucket lists are not empty; this is a bug");
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
-        let metrics = Metrics { recorder, handle };
+        let mut metrics = Metrics { recorder, handle, routes: HashMap::new() };
         metrics.describe();
-        // Registering a series creates it at zero; the handles are taken again where they are used.
+        // Registering a series creates it at zero.
         for &model in models {
-            for protocol in PROTOCOLS {
-                for code in CODES {
-                    let _ = metrics.requests(model, protocol, code);
-                }
-                let _ = metrics.in_flight(model, protocol);
-                let _ = metrics.request_duration(model, protocol);
-            }
+            let series = PROTOCOLS.map(|protocol| RouteSeries {
+                in_flight: metrics.register_in_flight(model, protocol),
+                duration: metrics.request_duration(model, protocol),
+                codes: CODES.iter().map(|&code| (code, metrics.requests(model, protocol, code))).collect(),
+            });
+            metrics.routes.insert(model.to_owned(), series);
             let m = || vec![Label::new("model", model.to_owned())];
             let _ = metrics.histogram(names::QUEUE_DURATION, m());
             let _ = metrics.histogram(names::COMPUTE_DURATION, m());
@@ -141,8 +152,21 @@ impl Metrics {
         )
     }
 
+    /// The series of `model` over `protocol`, if they were registered at start-up.
+    fn route(&self, model: &str, protocol: &'static str) -> Option<&RouteSeries> {
+        let i = PROTOCOLS.iter().position(|&p| p == protocol)?;
+        self.routes.get(model).map(|series| &series[i])
+    }
+
     /// The in-flight gauge of `model` over `protocol`.
     pub fn in_flight(&self, model: &str, protocol: &'static str) -> Gauge {
+        match self.route(model, protocol) {
+            Some(series) => series.in_flight.clone(),
+            None => self.register_in_flight(model, protocol),
+        }
+    }
+
+    fn register_in_flight(&self, model: &str, protocol: &'static str) -> Gauge {
         self.gauge(
             names::REQUESTS_IN_FLIGHT,
             vec![Label::new("model", model.to_owned()), Label::new("protocol", protocol)],
@@ -158,8 +182,16 @@ impl Metrics {
 
     /// Counts one answered inference request.
     pub fn request_done(&self, model: &str, protocol: &'static str, code: u16, elapsed: Duration) {
-        self.requests(model, protocol, code).increment(1);
-        self.request_duration(model, protocol).record(elapsed.as_secs_f64());
+        let route = self.route(model, protocol);
+        // A model or code not known at start-up (the `""` model, a rare status) is registered on first use.
+        match route.and_then(|r| r.codes.iter().find(|(c, _)| *c == code)) {
+            Some((_, counter)) => counter.increment(1),
+            None => self.requests(model, protocol, code).increment(1),
+        }
+        match route {
+            Some(r) => r.duration.record(elapsed.as_secs_f64()),
+            None => self.request_duration(model, protocol).record(elapsed.as_secs_f64()),
+        }
     }
 
     /// What `model`'s batcher reports into.
