@@ -19,12 +19,7 @@ mkdir -p "$OUT"
 cargo build --release --locked -p inferd-server -p inferd-benches
 BENCH=target/release/inferd-bench
 INFERD=target/release/inferd
-if ! cmp -s benches/python/requirements-bench.txt .cache/benchenv/requirements.txt 2>/dev/null; then
-    rm -rf .cache/benchenv
-    python3 -m venv .cache/benchenv
-    .cache/benchenv/bin/python -m pip install --quiet --disable-pip-version-check -r benches/python/requirements-bench.txt
-    cp benches/python/requirements-bench.txt .cache/benchenv/requirements.txt
-fi
+./scripts/venv.sh .cache/benchenv benches/python/requirements-bench.txt
 
 SERVER_PID=
 stop_server() {

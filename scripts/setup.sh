@@ -41,13 +41,7 @@ WIDE_DIR=$CACHE_DIR/models
 WIDE_STAMP="$WIDE_DIR/.made-by-$(cat benches/make_wide.py benches/python/requirements-models.txt | sha256sum | cut -c1-16)"
 if [ ! -f "$WIDE_STAMP" ]; then
     echo "setup: making the wide benchmark models in $WIDE_DIR" >&2
-    if ! cmp -s benches/python/requirements-models.txt "$MODEL_ENV/requirements.txt" 2>/dev/null; then
-        rm -rf "$MODEL_ENV"
-        python3 -m venv "$MODEL_ENV"
-        "$MODEL_ENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-            -r benches/python/requirements-models.txt
-        cp benches/python/requirements-models.txt "$MODEL_ENV/requirements.txt"
-    fi
+    ./scripts/venv.sh "$MODEL_ENV" benches/python/requirements-models.txt
     rm -rf "$WIDE_DIR"
     "$MODEL_ENV/bin/python" benches/make_wide.py "$WIDE_DIR"
     touch "$WIDE_STAMP"

@@ -13,14 +13,7 @@ cargo test --locked --workspace --all-targets "$@"
 # The load generator, which the Python tests drive against the server.
 cargo build --locked -p inferd-benches --bin inferd-bench
 
-# The venv is remade whenever the pinned requirements change.
-if ! cmp -s tests/python/requirements.txt .venv/requirements.txt 2>/dev/null; then
-    echo "test: installing the Python tests' requirements into .venv" >&2
-    rm -rf .venv
-    python3 -m venv .venv
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
-    cp tests/python/requirements.txt .venv/requirements.txt
-fi
+./scripts/venv.sh .venv tests/python/requirements.txt
 INFERD_BIN=target/debug/inferd .venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
 if [ "${INFERD_SKIP_CUDA_CHECK:-0}" = 1 ]; then
