@@ -2,6 +2,7 @@
 //! each protocol inferd speaks.
 
 use anyhow::{bail, Context};
+use bytes::Bytes;
 use inferd_core::half::{bf16, f16};
 use inferd_core::DataType;
 use serde::Deserialize;
@@ -27,10 +28,10 @@ impl Protocol {
     }
 }
 
-/// One ready-to-send body.
+/// One ready-to-send body. `Bytes`: sending it shares the buffer instead of copying it for every request.
 #[derive(Debug, Clone)]
 pub struct Body {
-    pub bytes: Vec<u8>,
+    pub bytes: Bytes,
     /// `Inference-Header-Content-Length`, for binary bodies.
     pub header_length: Option<usize>,
 }
@@ -155,14 +156,14 @@ pub fn generate(
                             tensors.iter().map(|(i, _, s, v)| (i.name.clone(), nest(&v.json, s))).collect();
                         json!({ "inputs": named })
                     };
-                    Body { bytes: serde_json::to_vec(&body)?, header_length: None }
+                    Body { bytes: serde_json::to_vec(&body)?.into(), header_length: None }
                 }
                 Protocol::V2Json => {
                     let inputs: Vec<Value> = tensors
                         .iter()
                         .map(|(i, dt, s, v)| json!({"name": i.name, "shape": s, "datatype": dt.as_str(), "data": v.json}))
                         .collect();
-                    Body { bytes: serde_json::to_vec(&json!({ "inputs": inputs }))?, header_length: None }
+                    Body { bytes: serde_json::to_vec(&json!({ "inputs": inputs }))?.into(), header_length: None }
                 }
                 Protocol::V2Binary => {
                     let inputs: Vec<Value> = tensors
@@ -179,7 +180,7 @@ pub fn generate(
                     for (_, _, _, v) in &tensors {
                         bytes.extend_from_slice(&v.bytes);
                     }
-                    Body { bytes, header_length: Some(header_length) }
+                    Body { bytes: bytes.into(), header_length: Some(header_length) }
                 }
             })
         })

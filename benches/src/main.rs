@@ -142,7 +142,7 @@ async fn http(args: HttpArgs) -> anyhow::Result<()> {
     let base = args.url.trim_end_matches('/').to_owned();
     let bodies: Vec<Body> = match &args.body {
         Some(path) => vec![Body {
-            bytes: std::fs::read(path).with_context(|| format!("{}", path.display()))?,
+            bytes: std::fs::read(path).with_context(|| format!("{}", path.display()))?.into(),
             header_length: None,
         }],
         None => {
@@ -191,42 +191,24 @@ async fn http(args: HttpArgs) -> anyhow::Result<()> {
         (_, Some(rate)) => format!("{rate:.0} req/s"),
         _ => String::new(),
     };
-    let cdf: Vec<(String, Vec<(f64, f64)>)> =
-        reports.iter().map(|r| (label(r), r.cdf.iter().map(|(us, q)| (us / 1e3, *q)).collect())).collect();
-    std::fs::write(
-        out.join(format!("{name}-cdf.svg")),
-        line_chart(
-            &format!("{} {protocol}: latency CDF", args.model),
-            "latency (ms, log)",
-            "fraction of requests",
-            true,
-            &cdf,
-        ),
-    )?;
+    // (file suffix, what is plotted, x axis, y axis, series)
+    let mut plots = vec![(
+        "cdf",
+        "latency CDF",
+        "latency (ms, log)",
+        "fraction of requests",
+        reports.iter().map(|r| (label(r), r.cdf.iter().map(|(us, q)| (us / 1e3, *q)).collect())).collect::<Vec<_>>(),
+    )];
     if reports.len() > 1 {
         let series = |f: fn(&HttpReport) -> f64| {
             vec![(name.clone(), reports.iter().map(|r| (r.concurrency.unwrap_or(0) as f64, f(r))).collect())]
         };
-        std::fs::write(
-            out.join(format!("{name}-throughput.svg")),
-            line_chart(
-                &format!("{} {protocol}: throughput", args.model),
-                "clients (log)",
-                "requests/s",
-                true,
-                &series(|r| r.throughput_rps),
-            ),
-        )?;
-        std::fs::write(
-            out.join(format!("{name}-p99.svg")),
-            line_chart(
-                &format!("{} {protocol}: p99 latency", args.model),
-                "clients (log)",
-                "p99 (ms)",
-                true,
-                &series(|r| r.latency_us.p99 as f64 / 1e3),
-            ),
-        )?;
+        plots.push(("throughput", "throughput", "clients (log)", "requests/s", series(|r| r.throughput_rps)));
+        plots.push(("p99", "p99 latency", "clients (log)", "p99 (ms)", series(|r| r.latency_us.p99 as f64 / 1e3)));
+    }
+    for (suffix, what, x, y, series) in plots {
+        let title = format!("{} {protocol}: {what}", args.model);
+        std::fs::write(out.join(format!("{name}-{suffix}.svg")), line_chart(&title, x, y, true, &series))?;
     }
     eprintln!("inferd-bench: wrote {} and its plots", path.display());
     Ok(())
