@@ -94,6 +94,17 @@ impl Server {
         let state = AppState::new(http::Shared::new(&config, models.clone(), default_model, gpu.clone())?);
 
         let refresher = tokio::spawn(gpu.refresh_every(Duration::from_millis(config.gpu_refresh_ms)));
+        let upkeep = {
+            let state = state.clone();
+            tokio::spawn(async move {
+                let mut ticks = tokio::time::interval(metrics::UPKEEP_PERIOD);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    ticks.tick().await;
+                    state.shared().metrics.upkeep();
+                }
+            })
+        };
         // Loading runs on the blocking pool and cannot be cancelled midway; once shutdown begins it loads no more.
         {
             let state = state.clone();
@@ -159,6 +170,7 @@ impl Server {
             }
         };
         refresher.abort();
+        upkeep.abort();
         // Stop the batchers: what is still queued was abandoned by its handlers (or is answered 503).
         let stopped = tokio::task::spawn_blocking(move || {
             for model in &models {
