@@ -94,6 +94,7 @@ async fn a_request_id_is_echoed_or_made() {
         let r = server.post(path, body.clone()).await;
         let id = r.headers().get(REQUEST_ID_HEADER).expect("an id on every answer").to_str().expect("ASCII").to_owned();
         assert_eq!(id.len(), 36, "a UUID: {id}");
+        assert_eq!(id.as_bytes()[14], b'4', "a random (version 4) UUID: {id}");
         made.push(id);
     }
     assert!(made[0] != made[1] && made[1] != made[2], "{made:?}");

@@ -17,7 +17,7 @@ use inferd_core::{ModelMetadata, Tensor, TensorSpec};
 use serde::ser::SerializeMap;
 use serde::Serialize;
 use subtle::ConstantTimeEq;
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -257,11 +257,24 @@ pub fn app(state: AppState) -> Router {
                 .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG))
                 .on_failure(()),
         )
-        .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+        .layer(SetRequestIdLayer::new(request_id, RandomRequestId))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
             AppError::Internal("the request handler panicked".into()).into_response()
         }))
         .with_state(state)
+}
+
+/// Request ids for requests that come without one: random (version 4) UUIDs from a per-thread generator seeded
+/// once, rather than a `getrandom` system call per request.
+#[derive(Clone, Copy)]
+struct RandomRequestId;
+
+impl MakeRequestId for RandomRequestId {
+    fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<RequestId> {
+        let id = uuid::Builder::from_random_bytes(fastrand::u128(..).to_le_bytes()).into_uuid();
+        let mut text = uuid::Uuid::encode_buffer();
+        HeaderValue::from_str(id.hyphenated().encode_lower(&mut text)).ok().map(RequestId::new)
+    }
 }
 
 /// The span every request runs in; the batcher carries it to the worker thread that serves the request.
