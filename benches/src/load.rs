@@ -7,7 +7,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
+use bytes::Bytes;
 use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
+use hyper::{Method, Request, Uri};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
 
 use crate::bodies::Body;
 
@@ -75,7 +83,8 @@ impl Outcome {
     }
 }
 
-/// Sends one request and reads the whole answer; returns the status (0: no answer) and the batch size header.
+/// Sends one request over the shared pool and reads the whole answer; returns the status (0: no answer) and the
+/// batch size header. The open loop's path: its requests overlap without bound, so they need a pool.
 async fn send(client: &reqwest::Client, load: &Load, body: &Body) -> (u16, Option<u64>) {
     let mut request = client.post(&load.url).header("content-type", load.content_type).body(body.bytes.clone());
     if let Some(len) = body.header_length {
@@ -87,8 +96,7 @@ async fn send(client: &reqwest::Client, load: &Load, body: &Body) -> (u16, Optio
     match request.send().await {
         Ok(response) => {
             let status = response.status().as_u16();
-            let batch =
-                response.headers().get(BATCH_SIZE_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+            let batch = batch_rows(response.headers());
             match response.bytes().await {
                 Ok(_) => (status, batch),
                 Err(_) => (0, None),
@@ -96,6 +104,10 @@ async fn send(client: &reqwest::Client, load: &Load, body: &Body) -> (u16, Optio
         }
         Err(_) => (0, None),
     }
+}
+
+fn batch_rows(headers: &HeaderMap) -> Option<u64> {
+    headers.get(BATCH_SIZE_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok())
 }
 
 pub fn client(connections: usize) -> anyhow::Result<reqwest::Client> {
@@ -106,9 +118,99 @@ pub fn client(connections: usize) -> anyhow::Result<reqwest::Client> {
         .build()?)
 }
 
+/// What every request of a run shares: where it goes and the headers it carries.
+struct Target {
+    /// `host:port`, to connect to.
+    authority: String,
+    /// The path and query, sent in origin form.
+    path: Uri,
+    headers: HeaderMap,
+}
+
+impl Target {
+    fn new(load: &Load) -> anyhow::Result<Target> {
+        let uri: Uri = load.url.parse().with_context(|| format!("not a URL: {}", load.url))?;
+        anyhow::ensure!(uri.scheme_str() == Some("http"), "only http:// URLs can be driven: {}", load.url);
+        let authority = uri.authority().context("the URL has no host")?;
+        let port = authority.port_u16().unwrap_or(80);
+        let mut headers = HeaderMap::new();
+        headers.insert(HOST, HeaderValue::from_str(authority.as_str())?);
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(load.content_type));
+        if let Some(key) = &load.api_key {
+            headers.insert(AUTHORIZATION, HeaderValue::from_str(&format!("Bearer {key}"))?);
+        }
+        let path = uri.path_and_query().map_or("/", |p| p.as_str()).parse()?;
+        Ok(Target { authority: format!("{}:{port}", authority.host()), path, headers })
+    }
+
+    fn request(&self, body: &Body) -> Request<Full<Bytes>> {
+        let mut request = Request::new(Full::new(body.bytes.clone()));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = self.path.clone();
+        *request.headers_mut() = self.headers.clone();
+        if let Some(len) = body.header_length {
+            request.headers_mut().insert(HEADER_LENGTH, HeaderValue::from(len));
+        }
+        request
+    }
+}
+
+/// One closed-loop client: a keep-alive HTTP/1.1 connection of its own, made again after an error. No pool, no URL
+/// parsing per request: the load generator shares the cores with the server, so each request should cost it little.
+struct Connection {
+    target: Arc<Target>,
+    sender: Option<SendRequest<Full<Bytes>>>,
+}
+
+impl Connection {
+    fn new(target: Arc<Target>) -> Connection {
+        Connection { target, sender: None }
+    }
+
+    async fn connect(&self) -> Option<SendRequest<Full<Bytes>>> {
+        let stream = TcpStream::connect(&self.target.authority).await.ok()?;
+        stream.set_nodelay(true).ok()?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.ok()?;
+        tokio::spawn(connection);
+        Some(sender)
+    }
+
+    /// Sends one request and reads the whole answer; returns the status (0: no answer) and the batch size header.
+    async fn send(&mut self, body: &Body) -> (u16, Option<u64>) {
+        let mut sender = match self.sender.take() {
+            Some(sender) => sender,
+            None => match self.connect().await {
+                Some(sender) => sender,
+                None => {
+                    // Nothing answers: do not spin on the cores the server needs.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    return (0, None);
+                }
+            },
+        };
+        if sender.ready().await.is_err() {
+            return (0, None);
+        }
+        let answer = tokio::time::timeout(Duration::from_secs(60), async {
+            let response = sender.send_request(self.target.request(body)).await.ok()?;
+            let status = response.status().as_u16();
+            let batch = batch_rows(response.headers());
+            response.into_body().collect().await.ok()?;
+            Some((status, batch))
+        })
+        .await;
+        match answer {
+            Ok(Some(answer)) => {
+                self.sender = Some(sender);
+                answer
+            }
+            _ => (0, None),
+        }
+    }
+}
+
 /// Runs the load and returns what the measured part saw.
 pub async fn run(load: Load) -> anyhow::Result<Outcome> {
-    let client = client(load.concurrency.max(64))?;
     let load = Arc::new(load);
     let start = Instant::now();
     let measure_from = start + load.warmup;
@@ -116,8 +218,8 @@ pub async fn run(load: Load) -> anyhow::Result<Outcome> {
     let sent = Arc::new(AtomicU64::new(0));
     let progress = load.progress.then(|| tokio::spawn(progress_bar(start, load.warmup, load.duration, sent.clone())));
     let mut outcome = match load.rate {
-        None => closed_loop(&client, &load, measure_from, end, &sent).await,
-        Some(rate) => open_loop(&client, &load, rate, measure_from, end, &sent).await?,
+        None => closed_loop(Arc::new(Target::new(&load)?), &load, measure_from, end, &sent).await,
+        Some(rate) => open_loop(&client(1024)?, &load, rate, measure_from, end, &sent).await?,
     };
     if let Some(p) = progress {
         p.abort();
@@ -128,7 +230,7 @@ pub async fn run(load: Load) -> anyhow::Result<Outcome> {
 }
 
 async fn closed_loop(
-    client: &reqwest::Client,
+    target: Arc<Target>,
     load: &Arc<Load>,
     from: Instant,
     end: Instant,
@@ -136,7 +238,7 @@ async fn closed_loop(
 ) -> Outcome {
     let tasks: Vec<_> = (0..load.concurrency)
         .map(|worker| {
-            let (client, load, sent) = (client.clone(), load.clone(), sent.clone());
+            let (mut connection, load, sent) = (Connection::new(target.clone()), load.clone(), sent.clone());
             tokio::spawn(async move {
                 let mut outcome = Outcome::new();
                 let mut i = worker;
@@ -147,7 +249,7 @@ async fn closed_loop(
                     }
                     let body = &load.bodies[i % load.bodies.len()];
                     i += load.concurrency;
-                    let (status, batch) = send(&client, &load, body).await;
+                    let (status, batch) = connection.send(body).await;
                     sent.fetch_add(1, Ordering::Relaxed);
                     let done = Instant::now();
                     // Only requests sent and answered inside the measured window count.

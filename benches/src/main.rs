@@ -89,6 +89,9 @@ struct HttpArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Threads of the load generator. One is plenty for 64 clients and leaves the other cores to the server.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    client_threads: u16,
     #[command(flatten)]
     common: Common,
 }
@@ -114,10 +117,15 @@ fn seconds(s: f64) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(s).context("durations are non-negative seconds")
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Http(args) => http(args).await,
+        Command::Http(args) => {
+            let runtime = match args.client_threads {
+                1 => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
+                n => tokio::runtime::Builder::new_multi_thread().worker_threads(n.into()).enable_all().build()?,
+            };
+            runtime.block_on(http(args))
+        }
         Command::Engine(args) => {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let run = engine::EngineRun {
@@ -128,7 +136,7 @@ async fn main() -> anyhow::Result<()> {
                 warmup: seconds(args.common.warmup)?,
                 duration: seconds(args.common.duration)?,
             };
-            let reports = tokio::task::block_in_place(|| engine::run(&run))?;
+            let reports = engine::run(&run)?;
             print!("{}", report::engine_table(&reports));
             let name = args.common.name.unwrap_or_else(|| format!("{}-engine", reports[0].model));
             let path = report::write_json(&args.common.out, &name, &reports)?;

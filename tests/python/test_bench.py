@@ -56,3 +56,22 @@ def test_engine_mode_measures_the_model_in_process(tmp_path):
     reports = json.loads((tmp_path / "engine.json").read_text())
     assert [r["batch_size"] for r in reports] == [1, 8]
     assert all(r["calls"] > 0 and r["rows_per_s"] > 0 for r in reports)
+
+
+def test_a_closed_loop_against_nothing_counts_connection_errors_and_finishes(tmp_path):
+    # A port nobody listens on: each client's connection fails, is counted as status 0, and is tried again
+    # after a pause; the run ends on time with no success.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    body = tmp_path / "body.json"
+    body.write_text("{}")
+    run("http", "--url", f"http://127.0.0.1:{port}", "--model", "digits", "--body", str(body), "--path", "/predict",
+        "--concurrency", "4", "--warmup", "0", "--duration", "0.5", "--quiet", "--out", str(tmp_path),
+        "--name", "nothing")
+    [report] = json.loads((tmp_path / "nothing.json").read_text())
+    assert report["requests_ok"] == 0
+    # 4 clients, one try per 10 ms pause each: about 200 in 0.5 s, not a busy loop of thousands.
+    assert 20 <= report["errors"]["0"] <= 400, report["errors"]
