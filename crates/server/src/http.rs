@@ -336,24 +336,27 @@ async fn guard(State(state): State<AppState>, request: Request, next: Next) -> R
         g.decrement(1);
     }
     if let Some((model, protocol)) = labels {
-        metrics.request_done(&model, protocol, response.status().as_u16(), started.elapsed());
+        metrics.request_done(model, protocol, response.status().as_u16(), started.elapsed());
     }
     response
 }
 
 /// The `model` and `protocol` labels of an inference route; `None` for the other routes. A model this server
 /// does not have is labelled `""`, so clients cannot mint series.
-async fn inference_labels(state: &AppState, parts: &mut axum::http::request::Parts) -> Option<(String, &'static str)> {
+async fn inference_labels<'a>(
+    state: &'a AppState,
+    parts: &mut axum::http::request::Parts,
+) -> Option<(&'a str, &'static str)> {
     let protocol = match parts.extensions.get::<MatchedPath>()?.as_str() {
-        "/predict" => return Some((state.0.default_model.clone().unwrap_or_default(), "predict")),
+        "/predict" => return Some((state.0.default_model.as_deref().unwrap_or_default(), "predict")),
         "/models/{name}/predict" => "predict",
         p if p.starts_with("/v2/models/") && p.ends_with("/infer") => "v2",
         _ => return None,
     };
     let params = RawPathParams::from_request_parts(parts, state).await.ok()?;
     let name = params.iter().find(|(k, _)| *k == "name" || *k == "model").map(|(_, v)| v)?;
-    let known = state.0.models.iter().any(|m| m.name() == name);
-    Some((if known { name.to_owned() } else { String::new() }, protocol))
+    let known = state.0.models.iter().find(|m| m.name() == name);
+    Some((known.map_or("", |m| m.name()), protocol))
 }
 
 /// Serve `/predict` with the default model.
