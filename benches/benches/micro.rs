@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use inferd_batcher::policy::{decide, Candidate, Policy};
 use inferd_core::{BatchingConfig, DataType, ModelMetadata, Precision, Tensor, TensorSpec};
+use inferd_server::codec::Limits;
 
 fn batching_policy(c: &mut Criterion) {
     let policy = Policy::from_config(&BatchingConfig { max_queue_delay_us: 1_000, ..BatchingConfig::default() });
@@ -35,7 +36,7 @@ fn json_decode(c: &mut Criterion) {
         let body = format!("{{\"input\": [{}]}}", vec![format!("[{}]", row.join(",")); rows].join(","));
         let specs = spec(cols);
         c.bench_function(&format!("decode_predict/{rows}x{cols}_fp32"), |b| {
-            b.iter(|| inferd_server::codec::decode_predict(black_box(body.as_bytes()), &specs))
+            b.iter(|| inferd_server::codec::predict::decode_predict(black_box(body.as_bytes()), &specs, &Limits::NONE))
         });
     }
 }
@@ -59,7 +60,9 @@ fn binary_decode(c: &mut Criterion) {
         let mut body = header.clone().into_bytes();
         body.extend_from_slice(&data);
         c.bench_function(&format!("decode_infer_binary/{rows}x{cols}_fp32"), |b| {
-            b.iter(|| inferd_server::v2::decode_infer(black_box(&body), Some(header.len()), &meta))
+            b.iter(|| {
+                inferd_server::codec::v2::decode_infer(black_box(&body), Some(header.len()), &meta, &Limits::NONE)
+            })
         });
     }
 }

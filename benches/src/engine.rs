@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use inferd_core::ModelConfig;
 use inferd_onnx::OnnxSettings;
-use inferd_server::models::{build_engine, EngineSettings};
+use inferd_server::repository::{build_engine, EngineSettings};
 
 use crate::report::{EngineReport, Percentiles};
 

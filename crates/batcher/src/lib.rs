@@ -46,6 +46,11 @@ impl InferRequest {
 /// Told what the workers do: how the server feeds its metrics without this crate knowing them. Called on the
 /// worker threads, so it must be quick.
 pub trait BatchObserver: Send + Sync {
+    /// A request entered the queue, which now holds `depth` requests waiting for a worker. Called on the
+    /// caller's thread; nothing by default.
+    fn request_queued(&self, depth: usize) {
+        let _ = depth;
+    }
     /// A request's batch starts, after `queue_time` in the queue.
     fn request_started(&self, queue_time: Duration);
     /// `rows` ran for `compute_time`; `ok` is false when the engine failed or panicked.
@@ -76,7 +81,7 @@ pub enum BatchError {
     /// The request's deadline passed while it was queued.
     #[error("the request waited in the queue past its deadline")]
     DeadlineExceeded,
-    /// The request does not fit the model.
+    /// The request does not fit the model, or the engine refused its input as invalid: the client's fault.
     #[error("{0}")]
     InvalidInput(String),
     /// The engine failed (or panicked) on the batch that held this request.
@@ -286,7 +291,7 @@ impl Batcher {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let receivers = {
+        let (receivers, depth) = {
             let mut state = lock(&shared.state);
             if state.stopping {
                 return Err(BatchError::Unavailable(shared.name.clone()));
@@ -322,8 +327,11 @@ impl Batcher {
             if wait.is_some() || deadline.is_some() {
                 shared.scheduler_wake.notify_one();
             }
-            receivers
+            (receivers, state.queue.len() + state.ready_requests)
         };
+        if let Some(observer) = &shared.observer {
+            observer.request_queued(depth);
+        }
 
         let mut answers = Vec::with_capacity(receivers.len());
         for rx in receivers {
@@ -576,32 +584,40 @@ impl Shared {
                     let _ = p.reply.send(Ok(InferResponse { outputs, batch_rows: rows, queue_time, compute_time }));
                 }
             }
-            Err(message) => {
+            Err(error) => {
                 self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(model = %self.name, rows, requests = batch.len(), error = %message, "batch failed");
+                tracing::error!(model = %self.name, rows, requests = batch.len(), %error, "batch failed");
                 for p in batch {
-                    tracing::warn!(parent: &p.span, model = %self.name, error = %message, "the request's batch failed");
-                    let _ = p.reply.send(Err(BatchError::Engine(message.clone())));
+                    tracing::warn!(parent: &p.span, model = %self.name, %error, "the request's batch failed");
+                    let _ = p.reply.send(Err(error.clone()));
                 }
             }
         }
     }
 
     /// Splits each output back into the requests' rows: `result[request][output]`.
-    fn split_outputs(&self, outputs: Vec<Tensor>, rows: usize, counts: &[usize]) -> Result<Vec<Vec<Tensor>>, String> {
+    fn split_outputs(
+        &self,
+        outputs: Vec<Tensor>,
+        rows: usize,
+        counts: &[usize],
+    ) -> Result<Vec<Vec<Tensor>>, BatchError> {
         if outputs.len() != self.metadata.outputs.len() {
-            return Err(format!(
+            return Err(BatchError::Engine(format!(
                 "the engine returned {} outputs, expected {}",
                 outputs.len(),
                 self.metadata.outputs.len()
-            ));
+            )));
         }
         let mut per_request: Vec<Vec<Tensor>> = counts.iter().map(|_| Vec::with_capacity(outputs.len())).collect();
         for output in outputs {
             if output.rows() != rows || output.shape().is_empty() {
-                return Err(format!("the engine returned {:?} rows for a batch of {rows}", output.shape().first()));
+                return Err(BatchError::Engine(format!(
+                    "the engine returned {:?} rows for a batch of {rows}",
+                    output.shape().first()
+                )));
             }
-            let pieces = output.split_rows(counts).map_err(|e| e.to_string())?;
+            let pieces = output.split_rows(counts).map_err(|e| BatchError::Engine(e.to_string()))?;
             for (request, piece) in per_request.iter_mut().zip(pieces) {
                 request.push(piece);
             }
@@ -610,28 +626,33 @@ impl Shared {
     }
 }
 
-fn concat_inputs(batch: &[Pending]) -> Result<Vec<Tensor>, String> {
+fn concat_inputs(batch: &[Pending]) -> Result<Vec<Tensor>, BatchError> {
     let n = batch.first().map_or(0, |p| p.inputs.len());
     (0..n)
         .map(|i| {
             let parts: Vec<&Tensor> = batch.iter().map(|p| &p.inputs[i]).collect();
-            Tensor::concat_rows(&parts).map_err(|e| format!("batching inputs: {e}"))
+            Tensor::concat_rows(&parts).map_err(|e| BatchError::Engine(format!("batching inputs: {e}")))
         })
         .collect()
 }
 
-/// Runs the engine; an error or a panic becomes the batch's error message.
-fn run_engine(engine: &mut dyn Engine, inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
+/// Runs the engine. An input the engine refuses as invalid is the client's fault; any other error, or a panic,
+/// is the engine's.
+fn run_engine(engine: &mut dyn Engine, inputs: &[Tensor]) -> Result<Vec<Tensor>, BatchError> {
+    let failed = |message: String| BatchError::Engine(message);
     match catch_unwind(AssertUnwindSafe(|| engine.run(inputs))) {
         Ok(Ok(outputs)) => Ok(outputs),
-        Ok(Err(e)) => Err(format!("the engine failed: {e}")),
+        Ok(Err(inferd_core::Error::InvalidInput(m))) => {
+            Err(BatchError::InvalidInput(format!("the engine refused the input: {m}")))
+        }
+        Ok(Err(e)) => Err(failed(format!("the engine failed: {e}"))),
         Err(panic) => {
             let what = panic
                 .downcast_ref::<&str>()
                 .map(|s| (*s).to_owned())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown cause".into());
-            Err(format!("the engine panicked: {what}"))
+            Err(failed(format!("the engine panicked: {what}")))
         }
     }
 }

@@ -1,13 +1,13 @@
-//! The batcher with real threads and fake engines whose every batch is recorded.
-
-use std::sync::mpsc;
+//! The batcher with real threads and fake engines whose every batch is recorded. Tests wait on events the
+//! batcher and the engine report (a request queued, a batch reaching the engine), never on a clock.
 
 use inferd_core::{Precision, TensorSpec};
+use tokio::sync::{mpsc, watch};
 
 use super::*;
 
 /// Doubles its FP32 input `[-1, -1]`. Records each batch's rows and first values; can be held at a gate, panics
-/// on a value of -1 and fails on -2.
+/// on a value of -1, fails on -2 and refuses -3 as invalid input.
 struct Doubler {
     metadata: ModelMetadata,
     seen: Arc<Mutex<Vec<Vec<f32>>>>,
@@ -19,7 +19,7 @@ struct Gate {
     open: Mutex<bool>,
     opened: Condvar,
     /// Told each time a batch reaches the engine.
-    entered: Mutex<Option<mpsc::Sender<usize>>>,
+    entered: Mutex<Option<mpsc::UnboundedSender<usize>>>,
 }
 
 impl Gate {
@@ -54,6 +54,9 @@ impl Engine for Doubler {
         if values.contains(&-2.0) {
             return Err(inferd_core::Error::engine("asked to fail"));
         }
+        if values.contains(&-3.0) {
+            return Err(inferd_core::Error::InvalidInput("-3 is not welcome".into()));
+        }
         let doubled: Vec<f32> = values.iter().map(|v| v * 2.0).collect();
         Ok(vec![Tensor::from_slice(inputs[0].shape().to_vec(), &doubled)?])
     }
@@ -66,15 +69,27 @@ struct Fixture {
     observed: Arc<Observed>,
 }
 
-/// What the batcher told its observer: (rows, ok) per batch.
-#[derive(Default)]
-struct Observed(Mutex<Vec<(usize, bool)>>);
+/// What the batcher told its observer: (rows, ok) per batch, and how many requests entered the queue.
+struct Observed {
+    batches: Mutex<Vec<(usize, bool)>>,
+    queued: watch::Sender<usize>,
+}
 
 impl BatchObserver for Observed {
+    fn request_queued(&self, _depth: usize) {
+        self.queued.send_modify(|n| *n += 1);
+    }
+
     fn request_started(&self, _queue_time: Duration) {}
 
     fn batch_done(&self, rows: usize, _compute_time: Duration, ok: bool) {
-        self.0.lock().expect("observed").push((rows, ok));
+        self.batches.lock().expect("observed").push((rows, ok));
+    }
+}
+
+impl Observed {
+    fn batches(&self) -> Vec<(usize, bool)> {
+        self.batches.lock().expect("observed").clone()
     }
 }
 
@@ -91,14 +106,14 @@ fn fixture(batching: BatchingConfig, gate_open: bool) -> Fixture {
     let gate = Arc::new(Gate::default());
     *gate.open.lock().expect("gate") = gate_open;
     let engine = Doubler { metadata, seen: seen.clone(), gate: gate.clone() };
-    let observed = Arc::new(Observed::default());
+    let observed = Arc::new(Observed { batches: Mutex::default(), queued: watch::Sender::new(0) });
     let batcher =
         Batcher::start("double", &batching, vec![Box::new(engine)], Some(observed.clone())).expect("threads start");
     Fixture { batcher, seen, gate, observed }
 }
 
-fn entered(gate: &Gate) -> mpsc::Receiver<usize> {
-    let (tx, rx) = mpsc::channel();
+fn entered(gate: &Gate) -> mpsc::UnboundedReceiver<usize> {
+    let (tx, rx) = mpsc::unbounded_channel();
     *gate.entered.lock().expect("gate") = Some(tx);
     rx
 }
@@ -118,34 +133,19 @@ fn batched(max: usize) -> BatchingConfig {
     BatchingConfig { max_batch_size: max, ..BatchingConfig::default() }
 }
 
-/// Waits (without blocking the test's runtime) until a batch reaches the engine; returns its rows.
-async fn reached_engine(entered: &mpsc::Receiver<usize>) -> usize {
-    for _ in 0..500 {
-        if let Ok(rows) = entered.try_recv() {
-            return rows;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    panic!("no batch reached the engine");
-}
-
 /// Sends a one-row request of `value` and waits until the worker holds it at the (closed) gate: from then on
 /// everything sent queues behind a busy worker.
 async fn hold_worker(f: &Fixture, value: f32) -> tokio::task::JoinHandle<Result<InferResponse, BatchError>> {
-    let entered = entered(&f.gate);
+    let mut entered = entered(&f.gate);
     let running = spawn_row(&f.batcher, vec![value]);
-    assert_eq!(reached_engine(&entered).await, 1, "the first batch reached the engine");
+    assert_eq!(entered.recv().await, Some(1), "the first batch reached the engine");
     running
 }
 
-async fn wait_for_depth(batcher: &Batcher, depth: usize) {
-    for _ in 0..500 {
-        if batcher.queue_depth() == depth {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    panic!("queue depth never reached {depth} (is {})", batcher.queue_depth());
+/// Waits until `n` requests in all have entered the queue since the fixture started.
+async fn queued(f: &Fixture, n: usize) {
+    let mut queued = f.observed.queued.subscribe();
+    queued.wait_for(|&q| q >= n).await.expect("the observer lives as long as the fixture");
 }
 
 #[tokio::test]
@@ -161,7 +161,8 @@ async fn requests_queued_behind_a_busy_worker_share_a_batch() {
     let f = fixture(batched(64), false);
     let first = hold_worker(&f, 0.0).await;
     let rest: Vec<_> = (1..=6).map(|i| spawn_row(&f.batcher, vec![i as f32])).collect();
-    wait_for_depth(&f.batcher, 6).await;
+    queued(&f, 7).await;
+    assert_eq!(f.batcher.queue_depth(), 6);
     f.gate.open();
     assert_eq!(first.await.expect("task").expect("answered").batch_rows, 1);
     let mut largest = 0;
@@ -175,8 +176,11 @@ async fn requests_queued_behind_a_busy_worker_share_a_batch() {
     // soon as the worker is free.
     assert_eq!(seen.iter().map(Vec::len).collect::<Vec<_>>(), vec![1, 6], "batches were {seen:?}");
     assert_eq!(largest, 6);
-    let observed = f.observed.0.lock().expect("observed").clone();
-    assert_eq!(observed, seen.iter().map(|b| (b.len(), true)).collect::<Vec<_>>(), "the observer saw every batch");
+    assert_eq!(
+        f.observed.batches(),
+        seen.iter().map(|b| (b.len(), true)).collect::<Vec<_>>(),
+        "the observer saw every batch"
+    );
 }
 
 #[tokio::test]
@@ -197,28 +201,30 @@ async fn a_full_queue_refuses_at_once_and_keeps_what_it_holds() {
     let f = fixture(BatchingConfig { max_queue_size: 2, ..batched(1) }, false);
     let spawn = |v: f32| spawn_row(&f.batcher, vec![v]);
     let running = hold_worker(&f, 1.0).await;
-    let queued = [spawn(2.0), spawn(3.0)];
-    wait_for_depth(&f.batcher, 2).await;
+    let waiting = [spawn(2.0), spawn(3.0)];
+    queued(&f, 3).await;
     let refused = f.batcher.infer(rows(&[4.0], 1)).await.expect_err("queue is full");
     assert_eq!(refused, BatchError::QueueFull { model: "double".into(), max_queue_size: 2 });
     f.gate.open();
     assert!(running.await.expect("task").is_ok());
-    for task in queued {
+    for task in waiting {
         assert!(task.await.expect("task").is_ok());
     }
 }
 
 #[tokio::test]
-async fn a_panic_fails_only_its_batch_and_the_worker_carries_on() {
+async fn a_panic_or_an_engine_error_fails_only_its_batch_with_its_kind() {
     let f = fixture(batched(8), true);
     let err = f.batcher.infer(rows(&[-1.0], 1)).await.expect_err("panicked");
     assert!(matches!(&err, BatchError::Engine(m) if m.contains("panicked: asked to panic")), "{err}");
     let err = f.batcher.infer(rows(&[-2.0], 1)).await.expect_err("failed");
     assert!(matches!(&err, BatchError::Engine(m) if m.contains("asked to fail")), "{err}");
+    let err = f.batcher.infer(rows(&[-3.0], 1)).await.expect_err("refused");
+    assert!(matches!(&err, BatchError::InvalidInput(m) if m.contains("-3 is not welcome")), "{err}");
     let answer = f.batcher.infer(rows(&[3.0], 1)).await.expect("the worker survived");
     assert_eq!(answer.outputs[0].to_vec::<f32>().expect("fp32"), vec![6.0]);
-    assert_eq!(f.batcher.stats().failed_batches.load(Ordering::Relaxed), 2);
-    assert_eq!(*f.observed.0.lock().expect("observed"), vec![(1, false), (1, false), (1, true)]);
+    assert_eq!(f.batcher.stats().failed_batches.load(Ordering::Relaxed), 3);
+    assert_eq!(f.observed.batches(), vec![(1, false), (1, false), (1, false), (1, true)]);
 }
 
 #[tokio::test]
@@ -226,7 +232,7 @@ async fn a_request_whose_caller_left_never_reaches_the_engine() {
     let f = fixture(batched(8), false);
     let running = hold_worker(&f, 1.0).await;
     let abandoned = spawn_row(&f.batcher, vec![42.0]);
-    wait_for_depth(&f.batcher, 1).await;
+    queued(&f, 2).await;
     abandoned.abort();
     assert!(abandoned.await.expect_err("aborted").is_cancelled());
     f.gate.open();
@@ -263,7 +269,7 @@ async fn shapes_batch_apart_and_all_are_answered() {
             tokio::spawn(async move { (values.clone(), b.infer(rows(&values, cols)).await) })
         })
         .collect();
-    wait_for_depth(&f.batcher, 6).await;
+    queued(&f, 7).await;
     f.gate.open();
     assert!(first.await.expect("task").is_ok());
     for task in tasks {
@@ -286,7 +292,7 @@ async fn a_queue_delay_gathers_requests_into_one_batch() {
 async fn stop_finishes_queued_work_then_refuses() {
     let f = fixture(BatchingConfig { max_queue_delay_us: 10_000_000, ..batched(8) }, true);
     let tasks: Vec<_> = (0..3).map(|i| spawn_row(&f.batcher, vec![i as f32])).collect();
-    wait_for_depth(&f.batcher, 3).await;
+    queued(&f, 3).await;
     let b = f.batcher.clone();
     let stopped = tokio::task::spawn_blocking(move || b.stop(Duration::from_secs(5))).await.expect("join");
     assert!(stopped, "threads exited in time");
@@ -302,12 +308,12 @@ async fn a_stop_that_times_out_answers_what_is_left() {
     let f = fixture(batched(1), false);
     let spawn = |v: f32| spawn_row(&f.batcher, vec![v]);
     let running = hold_worker(&f, 1.0).await;
-    let queued = [spawn(2.0), spawn(3.0)];
-    wait_for_depth(&f.batcher, 2).await;
+    let waiting = [spawn(2.0), spawn(3.0)];
+    queued(&f, 3).await;
     let b = f.batcher.clone();
     let stopped = tokio::task::spawn_blocking(move || b.stop(Duration::from_millis(50))).await.expect("join");
     assert!(!stopped, "the engine is still held at the gate");
-    for task in queued {
+    for task in waiting {
         assert_eq!(task.await.expect("task").expect_err("left"), BatchError::Unavailable("double".into()));
     }
     f.gate.open();

@@ -307,6 +307,15 @@ fn from_ort(spec: &TensorSpec, value: &DynValue) -> Result<Tensor> {
     })
 }
 
+/// An error of `Session::run`: ONNX Runtime's INVALID_ARGUMENT is the input's fault (an index out of range for a
+/// `Gather`, say), everything else the engine's.
+fn run_error(e: ort::Error) -> Error {
+    match e.code() {
+        ort::error::ErrorCode::InvalidArgument => Error::InvalidInput(e.message().to_owned()),
+        _ => Error::engine(e),
+    }
+}
+
 impl Engine for OnnxEngine {
     fn metadata(&self) -> &ModelMetadata {
         &self.metadata
@@ -320,7 +329,7 @@ impl Engine for OnnxEngine {
             .zip(inputs)
             .map(|(spec, t)| Ok((spec.name.as_str(), SessionInputValue::from(to_ort(t)?))))
             .collect::<Result<Vec<_>>>()?;
-        let outputs = self.session.run(values).map_err(Error::engine)?;
+        let outputs = self.session.run(values).map_err(run_error)?;
         self.metadata
             .outputs
             .iter()

@@ -1,75 +1,151 @@
-//! The one error type of the HTTP layer, and the one place that decides each error's status code.
+//! The HTTP layer's one error type, the one table from error kind to status code, and the error body every
+//! route answers with.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use inferd_batcher::BatchError;
+use serde::Serialize;
 
-#[derive(Debug, thiserror::Error)]
-pub enum AppError {
+use crate::codec::CodecError;
+
+/// What went wrong, as far as the client needs to know: it decides the status code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
     /// The client's request is wrong.
-    #[error("{0}")]
-    BadRequest(String),
+    BadRequest,
     /// No API key, or a wrong one.
-    #[error("{0}")]
-    Unauthorized(String),
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    MethodNotAllowed(String),
-    #[error("{0}")]
-    PayloadTooLarge(String),
+    Unauthorized,
+    NotFound,
+    MethodNotAllowed,
+    /// The body, or what it holds, is over the server's limits.
+    PayloadTooLarge,
     /// The model's queue is full: come back shortly.
-    #[error("{0}")]
-    Overloaded(String),
-    /// Not ready, draining, or timed out in the queue.
-    #[error("{0}")]
-    Unavailable(String),
+    Overloaded,
+    /// Not ready, draining, or timed out.
+    Unavailable,
     /// Our fault.
-    #[error("{0}")]
-    Internal(String),
+    Internal,
+}
+
+impl ErrorKind {
+    /// The table: each kind's status code.
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorKind::BadRequest => StatusCode::BAD_REQUEST,
+            ErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::Overloaded => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+/// An error answer: its kind and the message the client reads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct AppError {
+    pub kind: ErrorKind,
+    pub message: String,
 }
 
 impl AppError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        AppError { kind, message: message.into() }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        AppError::new(ErrorKind::BadRequest, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        AppError::new(ErrorKind::NotFound, message)
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        AppError::new(ErrorKind::Unavailable, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        AppError::new(ErrorKind::Internal, message)
+    }
+
     pub fn status(&self) -> StatusCode {
-        match self {
-            AppError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            AppError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            AppError::NotFound(_) => StatusCode::NOT_FOUND,
-            AppError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            AppError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            AppError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
-            AppError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        }
+        self.kind.status()
+    }
+}
+
+impl From<CodecError> for AppError {
+    fn from(e: CodecError) -> Self {
+        let kind = match e {
+            CodecError::Invalid(_) => ErrorKind::BadRequest,
+            CodecError::OverLimit(_) => ErrorKind::PayloadTooLarge,
+            CodecError::Encode(_) => ErrorKind::Internal,
+        };
+        AppError::new(kind, e.to_string())
     }
 }
 
 impl From<BatchError> for AppError {
     fn from(e: BatchError) -> Self {
-        let message = e.to_string();
-        match e {
-            BatchError::QueueFull { .. } => AppError::Overloaded(message),
-            BatchError::Unavailable(_) | BatchError::DeadlineExceeded => AppError::Unavailable(message),
-            BatchError::InvalidInput(_) => AppError::BadRequest(message),
-            BatchError::Engine(_) => AppError::Internal(message),
-        }
+        let kind = match e {
+            BatchError::QueueFull { .. } => ErrorKind::Overloaded,
+            BatchError::Unavailable(_) | BatchError::DeadlineExceeded => ErrorKind::Unavailable,
+            BatchError::InvalidInput(_) => ErrorKind::BadRequest,
+            BatchError::Engine(_) => ErrorKind::Internal,
+        };
+        AppError::new(kind, e.to_string())
     }
+}
+
+/// Every error answer's body.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong, and usually how to fix it.
+    pub error: String,
 }
 
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         let status = self.status();
         if status.is_server_error() {
-            tracing::warn!(status = status.as_u16(), error = %self, "request failed");
+            tracing::warn!(status = status.as_u16(), error = %self.message, "request failed");
         }
-        let mut response = (status, Json(serde_json::json!({ "error": self.to_string() }))).into_response();
-        if matches!(self, AppError::Overloaded(_) | AppError::Unavailable(_)) {
+        let kind = self.kind;
+        let mut response = (status, Json(ErrorBody { error: self.message })).into_response();
+        if matches!(kind, ErrorKind::Overloaded | ErrorKind::Unavailable) {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
-        if matches!(self, AppError::Unauthorized(_)) {
+        if kind == ErrorKind::Unauthorized {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }
+}
+
+/// The answers an inference route gives besides success, for the OpenAPI document.
+#[derive(utoipa::IntoResponses)]
+pub enum InferErrors {
+    /// Malformed JSON, a wrong input or output name, shape or data type, a number out of range, JSON nested too
+    /// deep, or an input the engine refused.
+    #[response(status = 400)]
+    BadRequest(ErrorBody),
+    /// An API key is configured and the request carries none, or a wrong one.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// No such model (or model version).
+    #[response(status = 404)]
+    NotFound(ErrorBody),
+    /// The body, its tensor elements or its rows are over the server's limits.
+    #[response(status = 413)]
+    PayloadTooLarge(ErrorBody),
+    /// The model's queue is full; retry after `Retry-After` seconds.
+    #[response(status = 429)]
+    Overloaded(ErrorBody),
+    /// The model is not ready, the server is draining, or the request's deadline passed in the queue.
+    #[response(status = 503)]
+    Unavailable(ErrorBody),
 }

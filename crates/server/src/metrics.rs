@@ -11,7 +11,7 @@ use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, SharedS
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
 use crate::gpu::GpuInfo;
-use crate::models::Model;
+use crate::repository::Model;
 
 /// The metric names, with Prometheus unit suffixes.
 pub mod names {
@@ -45,8 +45,25 @@ pub mod names {
     pub const RESIDENT_MEMORY: &str = "process_resident_memory_bytes";
 }
 
-/// The `protocol` label's values: `/predict` and `/models/{name}/predict`, and the v2 `infer` routes.
-pub const PROTOCOLS: [&str; 2] = ["predict", "v2"];
+/// The protocol an inference request came in: the `protocol` label. Known from the route that served it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// `/predict` and `/models/{name}/predict`.
+    Predict,
+    /// The KServe v2 `infer` routes.
+    V2,
+}
+
+impl Protocol {
+    pub const ALL: [Protocol; 2] = [Protocol::Predict, Protocol::V2];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Protocol::Predict => "predict",
+            Protocol::V2 => "v2",
+        }
+    }
+}
 
 /// The codes inference routes answer with; their series exist from start-up.
 const CODES: [u16; 8] = [200, 400, 401, 404, 413, 429, 500, 503];
@@ -67,8 +84,8 @@ static METADATA: Metadata<'static> = Metadata::new(module_path!(), metrics::Leve
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
-    /// The request-side series of each model, one per protocol (in `PROTOCOLS` order), registered at start-up so
-    /// that a request costs no registry lookup or label allocation.
+    /// The request-side series of each model, one per protocol (in `Protocol::ALL` order), registered at
+    /// start-up so that a request costs no registry lookup or label allocation.
     routes: HashMap<String, [RouteSeries; 2]>,
 }
 
@@ -93,7 +110,7 @@ impl Metrics {
         metrics.describe();
         // Registering a series creates it at zero.
         for &model in models {
-            let series = PROTOCOLS.map(|protocol| RouteSeries {
+            let series = Protocol::ALL.map(|protocol| RouteSeries {
                 in_flight: metrics.register_in_flight(model, protocol),
                 duration: metrics.request_duration(model, protocol),
                 codes: CODES.iter().map(|&code| (code, metrics.requests(model, protocol, code))).collect(),
@@ -145,47 +162,47 @@ impl Metrics {
         self.recorder.register_histogram(&Key::from_parts(name, labels), &METADATA)
     }
 
-    fn requests(&self, model: &str, protocol: &'static str, code: u16) -> Counter {
+    fn requests(&self, model: &str, protocol: Protocol, code: u16) -> Counter {
         self.counter(
             names::REQUESTS,
             vec![
                 Label::new("model", model.to_owned()),
-                Label::new("protocol", protocol),
+                Label::new("protocol", protocol.label()),
                 Label::new("code", code.to_string()),
             ],
         )
     }
 
     /// The series of `model` over `protocol`, if they were registered at start-up.
-    fn route(&self, model: &str, protocol: &'static str) -> Option<&RouteSeries> {
-        let i = PROTOCOLS.iter().position(|&p| p == protocol)?;
+    fn route(&self, model: &str, protocol: Protocol) -> Option<&RouteSeries> {
+        let i = Protocol::ALL.iter().position(|&p| p == protocol)?;
         self.routes.get(model).map(|series| &series[i])
     }
 
     /// The in-flight gauge of `model` over `protocol`.
-    pub fn in_flight(&self, model: &str, protocol: &'static str) -> Gauge {
+    pub fn in_flight(&self, model: &str, protocol: Protocol) -> Gauge {
         match self.route(model, protocol) {
             Some(series) => series.in_flight.clone(),
             None => self.register_in_flight(model, protocol),
         }
     }
 
-    fn register_in_flight(&self, model: &str, protocol: &'static str) -> Gauge {
+    fn register_in_flight(&self, model: &str, protocol: Protocol) -> Gauge {
         self.gauge(
             names::REQUESTS_IN_FLIGHT,
-            vec![Label::new("model", model.to_owned()), Label::new("protocol", protocol)],
+            vec![Label::new("model", model.to_owned()), Label::new("protocol", protocol.label())],
         )
     }
 
-    fn request_duration(&self, model: &str, protocol: &'static str) -> Histogram {
+    fn request_duration(&self, model: &str, protocol: Protocol) -> Histogram {
         self.histogram(
             names::REQUEST_DURATION,
-            vec![Label::new("model", model.to_owned()), Label::new("protocol", protocol)],
+            vec![Label::new("model", model.to_owned()), Label::new("protocol", protocol.label())],
         )
     }
 
     /// Counts one answered inference request.
-    pub fn request_done(&self, model: &str, protocol: &'static str, code: u16, elapsed: Duration) {
+    pub fn request_done(&self, model: &str, protocol: Protocol, code: u16, elapsed: Duration) {
         let route = self.route(model, protocol);
         // A model or code not known at start-up (the `""` model, a rare status) is registered on first use.
         match route.and_then(|r| r.codes.iter().find(|(c, _)| *c == code)) {
@@ -287,7 +304,7 @@ mod tests {
     fn upkeep_folds_samples_into_buckets_without_losing_any() {
         let metrics = Metrics::new(&["m"]);
         for i in 0..1000 {
-            metrics.request_done("m", "predict", 200, Duration::from_micros(i));
+            metrics.request_done("m", Protocol::Predict, 200, Duration::from_micros(i));
             if i % 300 == 0 {
                 metrics.upkeep();
             }
@@ -297,7 +314,7 @@ mod tests {
         assert_eq!(predict_count(&text, "m"), Some(1000), "{text}");
         // Folded samples stay counted across later upkeeps and renders.
         metrics.upkeep();
-        metrics.request_done("m", "predict", 200, Duration::from_millis(1));
+        metrics.request_done("m", Protocol::Predict, 200, Duration::from_millis(1));
         assert_eq!(predict_count(&metrics.render(&[], &[]), "m"), Some(1001));
     }
 }

@@ -3,9 +3,56 @@
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
+use anyhow::Context;
 use inferd_batcher::{BatchObserver, Batcher};
 use inferd_core::{Backend, Engine, ModelConfig, Precision, MODEL_CONFIG_FILE};
 use inferd_onnx::OnnxSettings;
+
+/// The repository's models, and the one `/predict` serves.
+pub struct Repository {
+    /// Sorted by name; none loaded yet.
+    pub models: Vec<Arc<Model>>,
+    pub default_model: Option<String>,
+}
+
+impl Repository {
+    /// Reads the repository at `dir` (see [`discover`]); `default_model` must be one of its models, and is the
+    /// only one when not given.
+    pub fn open(dir: &Path, default_model: Option<&str>) -> anyhow::Result<Repository> {
+        let configs = discover(dir)?;
+        let default_model = match (default_model, configs.as_slice()) {
+            (Some(name), _) if !configs.iter().any(|c| c.name == name) => {
+                anyhow::bail!("--default-model `{name}` is not a model in {}", dir.display())
+            }
+            (Some(name), _) => Some(name.to_owned()),
+            (None, [only]) => Some(only.name.clone()),
+            (None, _) => None,
+        };
+        Ok(Repository { models: configs.into_iter().map(Model::new).collect(), default_model })
+    }
+
+    /// ONNX Runtime engine instances across the repository: they share the cores.
+    pub fn onnx_instances(&self) -> usize {
+        self.models.iter().filter(|m| m.config.backend == Backend::Onnx).map(|m| m.config.instances).sum()
+    }
+}
+
+/// Loads `models` one after the other, each reporting its batches to `observer(name)`, until `stop` says the
+/// server is shutting down: the models left are then marked failed. Blocking: run it on the blocking pool.
+pub fn load_all(
+    models: &[Arc<Model>],
+    settings: &EngineSettings,
+    observer: impl Fn(&str) -> Arc<dyn BatchObserver>,
+    stop: impl Fn() -> bool,
+) {
+    for model in models {
+        if stop() {
+            model.set_loaded(Err("the server shut down before the model loaded".into()));
+        } else {
+            model.set_loaded(load_model(&model.config, settings, observer(model.name())).map_err(|e| format!("{e:#}")));
+        }
+    }
+}
 
 /// Reads every model's `model.toml`: `dir` is one model folder, or a folder of them. A broken `model.toml` stops
 /// start-up (the error names the file and the field); a folder without one is skipped.
@@ -61,18 +108,18 @@ pub fn load_model(
     config: &ModelConfig,
     settings: &EngineSettings,
     observer: Arc<dyn BatchObserver>,
-) -> Result<Batcher, String> {
+) -> anyhow::Result<Batcher> {
     let started = std::time::Instant::now();
+    let rows = config.batching.max_batch_size;
     let mut engines = Vec::with_capacity(config.instances);
     for _ in 0..config.instances {
-        let mut engine = build_engine(config, settings).map_err(|e| e.to_string())?;
-        let warm_up =
-            engine.metadata().warm_up_inputs(config.batching.max_batch_size).map_err(|e| format!("warm-up: {e}"))?;
-        engine.run(&warm_up).map_err(|e| format!("warm-up at batch size {}: {e}", config.batching.max_batch_size))?;
+        let mut engine = build_engine(config, settings)?;
+        let warm_up = engine.metadata().warm_up_inputs(rows).context("warm-up")?;
+        engine.run(&warm_up).with_context(|| format!("warm-up at batch size {rows}"))?;
         engines.push(engine);
     }
-    let batcher = Batcher::start(&config.name, &config.batching, engines, Some(observer))
-        .map_err(|e| format!("cannot start its threads: {e}"))?;
+    let batcher =
+        Batcher::start(&config.name, &config.batching, engines, Some(observer)).context("cannot start its threads")?;
     let meta = batcher.metadata();
     tracing::info!(
         model = %config.name,

@@ -1,7 +1,9 @@
-//! The v2 codec's edge cases: header lengths, binary sizes that disagree with shapes, and round trips.
+//! The v2 codec's edge cases: header lengths, binary sizes that disagree with shapes, output choices, limits,
+//! and round trips.
 
 use inferd_core::half::f16;
 use inferd_core::Precision;
+use serde_json::json;
 
 use super::*;
 
@@ -51,11 +53,11 @@ fn request(x_binary: Option<usize>, s_binary: Option<usize>) -> serde_json::Valu
 #[test]
 fn json_and_binary_inputs_decode_alike() {
     let (json_only, _) = body(&request(None, None), &[]);
-    let from_json = decode_infer(&json_only, None, &meta()).expect("valid");
+    let from_json = decode_infer(&json_only, None, &meta(), &Limits::NONE).expect("valid");
     let mut blobs = fp32_bytes(&[1.0, 2.0, 3.0, 4.0]);
     let strings: Vec<u8> = [bytes_element(b"a"), bytes_element(b"bc")].concat();
     let (mixed, len) = body(&request(Some(16), Some(strings.len())), &[blobs.clone(), strings.clone()].concat());
-    let from_binary = decode_infer(&mixed, Some(len), &meta()).expect("valid");
+    let from_binary = decode_infer(&mixed, Some(len), &meta(), &Limits::NONE).expect("valid");
     assert_eq!(from_json.inputs, from_binary.inputs);
     assert_eq!(from_json.id.as_deref(), Some("r1"));
     assert_eq!(from_json.inputs[0].to_vec::<f32>().expect("fp32"), vec![1.0, 2.0, 3.0, 4.0]);
@@ -64,11 +66,11 @@ fn json_and_binary_inputs_decode_alike() {
     blobs.clear();
     let reordered = json!({ "inputs": [request(None, Some(strings.len()))["inputs"][1].clone(), request(Some(16), None)["inputs"][0].clone()] });
     let (b, len) = body(&reordered, &[strings, fp32_bytes(&[1.0, 2.0, 3.0, 4.0])].concat());
-    assert_eq!(decode_infer(&b, Some(len), &meta()).expect("valid").inputs, from_json.inputs);
+    assert_eq!(decode_infer(&b, Some(len), &meta(), &Limits::NONE).expect("valid").inputs, from_json.inputs);
 }
 
 fn error(body: &[u8], header: Option<usize>) -> String {
-    decode_infer(body, header, &meta()).expect_err("refused")
+    decode_infer(body, header, &meta(), &Limits::NONE).expect_err("refused").to_string()
 }
 
 #[test]
@@ -149,7 +151,7 @@ fn json_numbers_are_converted_for_float_inputs_and_timeouts_read() {
     r["inputs"][0]["datatype"] = json!("FP64");
     r["parameters"] = json!({ "timeout": 2500, "priority": 1, "binary_data_output": true });
     r["outputs"] = json!([{ "name": "n" }, { "name": "y", "parameters": { "binary_data": false } }]);
-    let d = decode_infer(r.to_string().as_bytes(), None, &meta()).expect("valid");
+    let d = decode_infer(r.to_string().as_bytes(), None, &meta(), &Limits::NONE).expect("valid");
     assert_eq!(d.inputs[0].dtype(), DataType::Fp32);
     assert_eq!(d.timeout, Some(Duration::from_micros(2500)));
     assert_eq!(d.outputs, vec![(1, true), (0, false)]);
@@ -186,4 +188,46 @@ fn answers_put_binary_outputs_after_the_json() {
     let json: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
     assert_eq!(json["outputs"][0]["data"], json!([0.5, -2.0]));
     assert!(json.get("id").is_none());
+}
+
+#[test]
+fn outputs_asked_twice_or_unknown_are_refused_and_long_names_are_cut() {
+    let with_outputs = |outputs: serde_json::Value| {
+        let mut r = request(None, None);
+        r["outputs"] = outputs;
+        decode_infer(r.to_string().as_bytes(), None, &meta(), &Limits::NONE)
+    };
+    let twice = with_outputs(json!([{ "name": "y" }, { "name": "n" }, { "name": "y" }])).expect_err("twice");
+    assert_eq!(twice, CodecError::Invalid("output `y` is asked for twice".into()));
+    let many: Vec<serde_json::Value> = (0..100_000).map(|_| json!({ "name": "n" })).collect();
+    assert!(matches!(with_outputs(json!(many)), Err(CodecError::Invalid(m)) if m.contains("asked for twice")));
+    let long = "q".repeat(10_000);
+    let unknown = with_outputs(json!([{ "name": long }])).expect_err("unknown").to_string();
+    assert!(unknown.starts_with(&format!("unexpected output `{}…`", "q".repeat(64))), "{unknown:.200}");
+    assert!(unknown.len() < 200, "{} characters", unknown.len());
+    let chosen = with_outputs(json!([{ "name": "n" }, { "name": "y", "parameters": { "binary_data": true } }]));
+    assert_eq!(chosen.expect("valid").outputs, vec![(1, false), (0, true)]);
+}
+
+#[test]
+fn rows_and_elements_over_the_limits_are_refused_before_decoding() {
+    let limits = Limits { max_rows: 2, max_elements: 5, max_json_depth: 32 };
+    let r = request(None, None);
+    // x holds 4 elements and s 2: 6 in all.
+    let err = decode_infer(r.to_string().as_bytes(), None, &meta(), &limits).expect_err("over");
+    assert!(
+        matches!(&err, CodecError::OverLimit(m) if m.contains("--max-elements") && m.contains("input `s`")),
+        "{err}"
+    );
+    let limits = Limits { max_elements: 6, ..limits };
+    assert!(decode_infer(r.to_string().as_bytes(), None, &meta(), &limits).is_ok());
+    // A claimed shape over the row limit is refused before its (absent) data is looked at.
+    let mut r = request(Some(1 << 40), None);
+    r["inputs"][0]["shape"] = json!([3, 2]);
+    let err = decode_infer(r.to_string().as_bytes(), None, &meta(), &limits).expect_err("over");
+    assert!(matches!(&err, CodecError::OverLimit(m) if m.contains("--max-rows")), "{err}");
+    let deep = json!({ "inputs": [], "parameters": { "a": [[[[[1]]]]] } });
+    let limits = Limits { max_json_depth: 4, ..limits };
+    let err = decode_infer(deep.to_string().as_bytes(), None, &meta(), &limits).expect_err("deep");
+    assert!(matches!(&err, CodecError::Invalid(m) if m.contains("--max-json-depth")), "{err}");
 }

@@ -1,0 +1,116 @@
+//! The checkpoint every routed request passes, as one layer: the API key (on protected routes), the overall
+//! timeout, the end of the drain, and the request metrics of inference routes. One layer rather than one per
+//! concern: each layer costs every request a clone of the route it wraps.
+
+use std::time::Instant;
+
+use axum::extract::{FromRequestParts, RawPathParams, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use subtle::ConstantTimeEq;
+
+use crate::error::{AppError, ErrorKind};
+use crate::metrics::Protocol;
+use crate::state::AppState;
+
+/// What the checkpoint knows of the routes it guards.
+#[derive(Clone)]
+pub struct Checkpoint {
+    pub state: AppState,
+    /// The routes need an API key, when the server has any.
+    pub protected: bool,
+    /// Set on inference routes: their requests are counted in the metrics.
+    pub inference: Option<InferenceRoute>,
+}
+
+/// An inference route's protocol, and the path parameter that names its model.
+#[derive(Clone, Copy)]
+pub struct InferenceRoute {
+    pub protocol: Protocol,
+    /// `None` where the route serves the default model.
+    pub model_param: Option<&'static str>,
+}
+
+/// The checkpoint as an axum middleware function.
+pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: Next) -> Response {
+    let state = &checkpoint.state;
+    let (labels, request) = match checkpoint.inference {
+        None => (None, request),
+        Some(route) => {
+            let (mut parts, body) = request.into_parts();
+            let model = model_label(state, route, &mut parts).await;
+            (Some((model, route.protocol)), Request::from_parts(parts, body))
+        }
+    };
+    let metrics = state.metrics();
+    let in_flight = labels.map(|(model, protocol)| metrics.in_flight(model, protocol));
+    if let Some(gauge) = &in_flight {
+        gauge.increment(1);
+    }
+    let started = Instant::now();
+    let response = match checkpoint.protected.then(|| authorize(state, &request)) {
+        Some(Err(refused)) => refused.into_response(),
+        _ => {
+            let timeout = state.request_timeout();
+            tokio::select! {
+                response = next.run(request) => response,
+                () = tokio::time::sleep(timeout) => AppError::unavailable(format!(
+                    "the request took longer than {} s (--request-timeout)", timeout.as_secs_f64()
+                )).into_response(),
+                () = state.drain().expired() => {
+                    AppError::unavailable("the server shut down before the request finished (--drain-timeout)")
+                        .into_response()
+                }
+            }
+        }
+    };
+    if let Some(gauge) = &in_flight {
+        gauge.decrement(1);
+    }
+    if let Some((model, protocol)) = labels {
+        metrics.request_done(model, protocol, response.status().as_u16(), started.elapsed());
+    }
+    response
+}
+
+/// The `model` label of an inference request. A model this server does not have is labelled `""`, so that
+/// clients cannot mint series.
+async fn model_label<'s>(
+    state: &'s AppState,
+    route: InferenceRoute,
+    parts: &mut axum::http::request::Parts,
+) -> &'s str {
+    let Some(param) = route.model_param else { return state.default_model().unwrap_or_default() };
+    let Ok(params) = RawPathParams::from_request_parts(parts, state).await else { return "" };
+    let name = params.iter().find(|(k, _)| *k == param).map(|(_, v)| v);
+    name.and_then(|name| state.find(name)).map_or("", |m| m.name())
+}
+
+/// Lets a request through when no key is configured or it carries one of the keys. Keys are compared in
+/// constant time, every key every time.
+fn authorize(state: &AppState, request: &Request) -> Result<(), AppError> {
+    let keys = state.api_keys();
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, key)| key.trim().as_bytes());
+    let Some(given) = given else {
+        return Err(AppError::new(
+            ErrorKind::Unauthorized,
+            "this route needs an API key: send `Authorization: Bearer <key>`",
+        ));
+    };
+    let accepted = keys.iter().fold(subtle::Choice::from(0), |ok, key| ok | key.expose().as_bytes().ct_eq(given));
+    if bool::from(accepted) {
+        Ok(())
+    } else {
+        Err(AppError::new(ErrorKind::Unauthorized, "the API key is not valid"))
+    }
+}

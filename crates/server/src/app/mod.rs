@@ -1,0 +1,104 @@
+//! The app: every protocol's routes assembled behind their checkpoint, the OpenAPI document and Swagger UI, and
+//! the layers around it all (request ids and spans, compression, body limits, panics). The only module that
+//! knows every route module.
+
+mod checkpoint;
+mod openapi;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderName, HeaderValue};
+use axum::middleware;
+use axum::response::IntoResponse;
+use axum::Router;
+use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+
+use self::checkpoint::{Checkpoint, InferenceRoute};
+use crate::error::{AppError, ErrorKind};
+use crate::metrics::Protocol;
+use crate::routes::{health, predict, v2};
+use crate::state::AppState;
+
+/// The request id: taken from the request, or made, and echoed in the response.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Every documented route, and the OpenAPI document built from the same registrations.
+pub fn api(state: &AppState) -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    let guarded = |routes: OpenApiRouter<AppState>, protected: bool, inference: Option<InferenceRoute>| {
+        let checkpoint = Checkpoint { state: state.clone(), protected, inference };
+        routes.route_layer(middleware::from_fn_with_state(checkpoint, checkpoint::pass))
+    };
+    let predict_route = InferenceRoute { protocol: Protocol::Predict, model_param: None };
+    let metrics_protected = state.protect_metrics();
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .merge(guarded(health::probe_routes().merge(v2::probe_routes()), false, None))
+        .merge(guarded(health::metrics_routes(), metrics_protected, None))
+        .merge(guarded(v2::routes(), true, None))
+        .merge(guarded(predict::default_route(), true, Some(predict_route)))
+        .merge(guarded(
+            predict::named_route(),
+            true,
+            Some(InferenceRoute { model_param: Some(predict::MODEL_PARAM), ..predict_route }),
+        ))
+        .merge(guarded(
+            v2::inference_routes(),
+            true,
+            Some(InferenceRoute { protocol: Protocol::V2, model_param: Some(v2::MODEL_PARAM) }),
+        ))
+        .split_for_parts()
+}
+
+/// The whole app over `state`.
+pub fn app(state: AppState) -> Router {
+    let max_body = state.max_body_bytes();
+    let (routes, api) = api(&state);
+    let request_id = HeaderName::from_static(REQUEST_ID_HEADER);
+    routes
+        .merge(utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api))
+        .fallback(|| async { AppError::not_found("no such route") })
+        .method_not_allowed_fallback(|| async {
+            AppError::new(ErrorKind::MethodNotAllowed, "method not allowed on this route")
+        })
+        .layer(DefaultBodyLimit::max(max_body))
+        // The body limit applies to what the decompression layer hands on, so a small compressed body cannot
+        // expand past it.
+        .layer(tower_http::decompression::RequestDecompressionLayer::new())
+        .layer(tower_http::compression::CompressionLayer::new())
+        .layer(PropagateRequestIdLayer::new(request_id.clone()))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(request_span)
+                .on_request(())
+                .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG))
+                .on_failure(()),
+        )
+        .layer(SetRequestIdLayer::new(request_id, RandomRequestId))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
+            AppError::internal("the request handler panicked").into_response()
+        }))
+        .with_state(state)
+}
+
+/// Request ids for requests that come without one: random (version 4) UUIDs from a per-thread generator seeded
+/// once, rather than a `getrandom` system call per request.
+#[derive(Clone, Copy)]
+struct RandomRequestId;
+
+impl MakeRequestId for RandomRequestId {
+    fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<RequestId> {
+        let id = uuid::Builder::from_random_bytes(fastrand::u128(..).to_le_bytes()).into_uuid();
+        let mut text = uuid::Uuid::encode_buffer();
+        HeaderValue::from_str(id.hyphenated().encode_lower(&mut text)).ok().map(RequestId::new)
+    }
+}
+
+/// The span every request runs in; the batcher carries it to the worker thread that serves the request.
+fn request_span<B>(request: &axum::http::Request<B>) -> tracing::Span {
+    let id = request.headers().get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    tracing::info_span!("request", id = %id, method = %request.method(), path = %request.uri().path())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,151 @@
+//! Wire formats: request bodies decoded straight into typed tensors, with the server's limits enforced as the
+//! bytes stream by, and tensors encoded back. Knows nothing of HTTP, routes or the batcher: a decoder gets bytes
+//! and a model's metadata, and gives tensors or a [`CodecError`].
+
+mod elements;
+pub mod json;
+pub mod predict;
+pub mod v2;
+
+use std::fmt;
+
+use inferd_core::TensorSpec;
+
+/// Why a body could not be decoded, or an answer encoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    /// The body is malformed, or does not fit the model: the client's fault.
+    #[error("{0}")]
+    Invalid(String),
+    /// The body holds more than the server takes: rows or tensor elements past their limits.
+    #[error("{0}")]
+    OverLimit(String),
+    /// An answer could not be encoded: ours.
+    #[error("encoding the answer: {0}")]
+    Encode(String),
+}
+
+impl CodecError {
+    /// The same error, its message prefixed with `context`.
+    pub fn context(self, context: impl fmt::Display) -> Self {
+        match self {
+            CodecError::Invalid(m) => CodecError::Invalid(format!("{context}: {m}")),
+            CodecError::OverLimit(m) => CodecError::OverLimit(format!("{context}: {m}")),
+            CodecError::Encode(m) => CodecError::Encode(format!("{context}: {m}")),
+        }
+    }
+}
+
+/// What one request may hold, beyond its body's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Tensor elements, summed over the request's inputs.
+    pub max_elements: usize,
+    /// Rows (the batch dimension) in each input.
+    pub max_rows: usize,
+    /// Nesting of JSON arrays and objects.
+    pub max_json_depth: usize,
+}
+
+impl Limits {
+    /// No limit at all: for tests and tools that decode trusted bodies.
+    pub const NONE: Limits = Limits { max_elements: usize::MAX, max_rows: usize::MAX, max_json_depth: usize::MAX };
+
+    fn rows_error(&self, rows: impl fmt::Display) -> CodecError {
+        CodecError::OverLimit(format!(
+            "the request has {rows} rows; this server takes at most {} per request (--max-rows)",
+            self.max_rows
+        ))
+    }
+
+    fn elements_error(&self, elements: impl fmt::Display) -> CodecError {
+        CodecError::OverLimit(format!(
+            "the request has {elements} tensor elements; this server takes at most {} per request (--max-elements)",
+            self.max_elements
+        ))
+    }
+
+    /// Refuses, before anything is decoded for it, an input whose stated shape is over the limits, given the
+    /// elements the request's earlier inputs hold.
+    fn check_shape(&self, shape: &[usize], elements_before: usize) -> Result<usize, CodecError> {
+        let rows = shape.first().copied().unwrap_or(1);
+        if rows > self.max_rows {
+            return Err(self.rows_error(rows));
+        }
+        let elements = inferd_core::element_count(shape)
+            .ok()
+            .and_then(|n| n.checked_add(elements_before))
+            .filter(|&n| n <= self.max_elements)
+            .ok_or_else(|| self.elements_error(format_args!("more than {}", self.max_elements)))?;
+        Ok(elements)
+    }
+}
+
+/// Refuses JSON that nests arrays and objects deeper than `max`, stopping at the first bracket past it, before
+/// anything parses the JSON. Brackets inside strings do not count.
+pub fn check_json_depth(json: &[u8], max: usize) -> Result<(), CodecError> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in json {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return Err(CodecError::Invalid(format!(
+                        "the JSON nests deeper than {max} levels (--max-json-depth)"
+                    )));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Longest name or shape a message quotes from a client; the rest is cut.
+const QUOTE_CHARS: usize = 64;
+
+/// A client's text, for a message: at most [`QUOTE_CHARS`] characters of it, then `…`.
+pub fn quoted(text: &str) -> Quoted<'_> {
+    Quoted(text)
+}
+
+pub struct Quoted<'a>(&'a str);
+
+impl fmt::Display for Quoted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.char_indices().nth(QUOTE_CHARS) {
+            None => f.write_str(self.0),
+            Some((cut, _)) => write!(f, "{}…", &self.0[..cut]),
+        }
+    }
+}
+
+/// A client's shape, for a message: its first dimensions, then `…` and how many there are.
+pub fn shape_text<T: fmt::Debug>(shape: &[T]) -> String {
+    const SHOWN: usize = 8;
+    if shape.len() <= SHOWN {
+        format!("{shape:?}")
+    } else {
+        let head: Vec<String> = shape[..SHOWN].iter().map(|d| format!("{d:?}")).collect();
+        format!("[{}, … ({} dimensions)]", head.join(", "), shape.len())
+    }
+}
+
+/// The names of `specs`, quoted, for messages.
+pub fn names(specs: &[TensorSpec]) -> String {
+    specs.iter().map(|s| format!("`{}`", s.name)).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,170 @@
+//! The JSON codecs: `/predict` bodies, element types, ragged and over-limit tensors, and nested answers.
+
+use inferd_core::half::{bf16, f16};
+use inferd_core::{DataType, Tensor, TensorSpec};
+
+use super::json::NestedJson;
+use super::predict::decode_predict;
+use super::*;
+
+fn decode(body: &[u8], specs: &[TensorSpec]) -> Result<Vec<Tensor>, CodecError> {
+    decode_predict(body, specs, &Limits::NONE)
+}
+
+fn spec(name: &str, datatype: DataType, shape: &[i64]) -> TensorSpec {
+    TensorSpec { name: name.into(), datatype, shape: shape.to_vec() }
+}
+
+fn digits() -> Vec<TensorSpec> {
+    vec![spec("input", DataType::Fp32, &[-1, 3])]
+}
+
+#[test]
+fn json_depth_counts_arrays_and_objects_but_not_brackets_in_strings() {
+    assert!(check_json_depth(br#"{"input": [[1, 2]]}"#, 3).is_ok());
+    let err = check_json_depth(br#"{"input": [[[1]]]}"#, 3).expect_err("four levels").to_string();
+    assert!(err.contains("deeper than 3"), "{err}");
+    assert!(check_json_depth(br#"{"id": "[[[[\"[[[", "x": []}"#, 2).is_ok());
+    assert!(check_json_depth(&[b'['; 100_000], 32).is_err());
+}
+
+#[test]
+fn a_single_input_decodes_into_fp32_rows() {
+    let t = decode(br#"{"input": [[1, 2.5, 3], [4, 5, 6e0]]}"#, &digits()).expect("valid");
+    assert_eq!(t[0].shape(), &[2, 3]);
+    assert_eq!(t[0].to_vec::<f32>().expect("fp32"), vec![1.0, 2.5, 3.0, 4.0, 5.0, 6.0]);
+}
+
+#[test]
+fn named_inputs_land_in_the_models_order() {
+    let specs = vec![spec("a", DataType::Int64, &[-1, 2]), spec("b", DataType::Bool, &[-1])];
+    let t = decode(br#"{"inputs": {"b": [true, false], "a": [[1, -2], [3, 4]]}}"#, &specs).expect("valid");
+    assert_eq!(t[0].to_vec::<i64>().expect("i64"), vec![1, -2, 3, 4]);
+    assert_eq!(t[1].to_vec::<bool>().expect("bool"), vec![true, false]);
+}
+
+#[test]
+fn fp16_and_bf16_inputs_take_json_numbers() {
+    let t = decode(br#"{"input": [[0.5, -2, 1024]]}"#, &[spec("x", DataType::Fp16, &[-1, 3])]).expect("valid");
+    let values: Vec<f32> = t[0].to_vec::<f16>().expect("fp16").iter().map(|v| v.to_f32()).collect();
+    assert_eq!(values, vec![0.5, -2.0, 1024.0]);
+    let t = decode(br#"{"input": [[0.5]]}"#, &[spec("x", DataType::Bf16, &[-1, 1])]).expect("valid");
+    assert_eq!(t[0].to_vec::<bf16>().expect("bf16")[0].to_f32(), 0.5);
+}
+
+fn error(body: &str, specs: &[TensorSpec]) -> String {
+    decode(body.as_bytes(), specs).expect_err("refused").to_string()
+}
+
+#[test]
+fn bad_bodies_are_refused_with_what_was_wrong() {
+    let d = digits();
+    let cases = [
+        (r#"{"input": [[1, 2]]}"#, "dimension 1 must have 3 elements"),
+        (r#"{"input": [[1, 2, 3, 4]]}"#, "dimension 1 must have 3 elements"),
+        (r#"{"input": [1, 2, 3]}"#, "nested array of 2 dimensions"),
+        (r#"{"input": [[[1], [2], [3]]]}"#, "a number (an element of input `input`"),
+        (r#"{"input": [[1, "2", 3]]}"#, "invalid type: string"),
+        (r#"{"input": [[1, null, 3]]}"#, "invalid type: null"),
+        (r#"{"input": [[1, true, 3]]}"#, "invalid type: boolean"),
+        (r#"{"input": []}"#, "has no rows"),
+        (r#"{"input": [[]]}"#, "dimension 1 is empty"),
+        (r#"{"input": [[1, 2, 1e39]]}"#, "out of range for FP32"),
+        (r#"{"inputs": {"image": [[1, 2, 3]]}}"#, "no input `image`"),
+        (r#"{"input": [[1, 2, 3]], "input": [[1, 2, 3]]}"#, "given twice"),
+        (r#"{"inputz": [[1, 2, 3]]}"#, "unknown field `inputz`"),
+        (r#"{}"#, "missing input `input`"),
+        (r#"[[1, 2, 3]]"#, "a JSON object with `input`"),
+        (r#"{"input": [[1, 2, 3]]"#, "EOF"),
+        (r#"{"input": [[1, 2, 3]]} trailing"#, "trailing characters"),
+        ("", "EOF"),
+    ];
+    for (body, expected) in cases {
+        let err = error(body, &d);
+        assert!(err.contains(expected), "{body}: expected {expected:?} in {err:?}");
+    }
+}
+
+#[test]
+fn ragged_rows_are_refused_where_dimensions_vary() {
+    let specs = [spec("x", DataType::Fp32, &[-1, -1])];
+    assert!(error(r#"{"input": [[1, 2], [3]]}"#, &specs).contains("ragged"));
+    assert!(error(r#"{"input": [[1], [2, 3]]}"#, &specs).contains("ragged"));
+    assert_eq!(decode(br#"{"input": [[1, 2], [3, 4]]}"#, &specs).expect("valid")[0].shape(), &[2, 2]);
+}
+
+#[test]
+fn integers_must_fit_their_type() {
+    let specs = [spec("x", DataType::Uint8, &[-1])];
+    assert!(error(r#"{"input": [256]}"#, &specs).contains("not a UINT8 value"));
+    assert!(error(r#"{"input": [-1]}"#, &specs).contains("not a UINT8 value"));
+    assert!(error(r#"{"input": [1.5]}"#, &specs).contains("not a UINT8 value"));
+    assert_eq!(
+        decode(br#"{"input": [255, 3.0]}"#, &specs).expect("valid")[0].to_vec::<u8>().expect("u8"),
+        vec![255, 3]
+    );
+}
+
+#[test]
+fn several_inputs_must_be_named() {
+    let specs = vec![spec("a", DataType::Fp32, &[-1]), spec("b", DataType::Fp32, &[-1])];
+    assert!(error(r#"{"input": [1]}"#, &specs).contains("send them by name in `inputs`"));
+}
+
+#[test]
+fn tensors_serialize_as_nested_arrays() {
+    let t = Tensor::from_slice(vec![2, 2], &[0.5f32, 1.0, -2.0, 3.25]).expect("valid");
+    assert_eq!(serde_json::to_string(&NestedJson(&t)).expect("json"), "[[0.5,1.0],[-2.0,3.25]]");
+    let t = Tensor::from_slice(vec![1, 2], &[f16::from_f32(0.5), f16::from_f32(-1.0)]).expect("valid");
+    assert_eq!(serde_json::to_string(&NestedJson(&t)).expect("json"), "[[0.5,-1.0]]");
+    let t = Tensor::from_slice(vec![3], &[1i64, -2, 3]).expect("valid");
+    assert_eq!(serde_json::to_string(&NestedJson(&t)).expect("json"), "[1,-2,3]");
+    let t = Tensor::from_byte_strings(vec![1], vec![b"hi".to_vec()]).expect("valid");
+    assert_eq!(serde_json::to_string(&NestedJson(&t)).expect("json"), r#"["hi"]"#);
+}
+
+#[test]
+fn rows_and_elements_stop_the_decoding_where_the_limits_are_met() {
+    let specs = digits();
+    let limits = Limits { max_rows: 4, max_elements: 10, max_json_depth: 32 };
+    let body = |rows: usize| format!(r#"{{"input": [{}]}}"#, vec!["[1, 2, 3]"; rows].join(", "));
+    assert_eq!(decode_predict(body(3).as_bytes(), &specs, &limits).expect("9 elements")[0].shape(), &[3, 3]);
+    // Over both limits: the rows are what the client hears of.
+    let err = decode_predict(body(5).as_bytes(), &specs, &limits).expect_err("over");
+    assert!(matches!(&err, CodecError::OverLimit(m) if m.contains("--max-rows")), "{err}");
+    let err = decode_predict(body(4).as_bytes(), &specs, &limits).expect_err("over");
+    assert_eq!(err, limits.elements_error(12));
+    // Elements summed over the inputs.
+    let two = vec![spec("a", DataType::Fp32, &[-1, 3]), spec("b", DataType::Fp32, &[-1, 3])];
+    let body = r#"{"inputs": {"a": [[1, 2, 3], [4, 5, 6]], "b": [[1, 2, 3], [4, 5, 6]]}}"#;
+    assert!(
+        matches!(decode_predict(body.as_bytes(), &two, &limits), Err(CodecError::OverLimit(m)) if m.contains("12 tensor elements"))
+    );
+}
+
+#[test]
+fn a_huge_body_is_decoded_no_further_than_the_limits() {
+    let specs = vec![spec("input", DataType::Fp32, &[-1, 64])];
+    let row = format!("[{}]", vec!["0"; 64].join(","));
+    let body = format!(r#"{{"input": [{}]}}"#, vec![row.as_str(); 250_000].join(","));
+    let limits = Limits { max_rows: 4096, max_elements: 16 << 20, max_json_depth: 32 };
+    let err = decode_predict(body.as_bytes(), &specs, &limits).expect_err("over the rows");
+    assert!(matches!(&err, CodecError::OverLimit(m) if m.contains("more than 4096 rows")), "{err}");
+    // The decoder stops at the end of row 4097: it never builds the 64 MB tensor the body describes. Where it
+    // stopped shows in the error of a decoder run over the same text with serde_json's own position.
+    let mut de = serde_json::Deserializer::from_str(&body[10..]);
+    let mut budget = json::Budget::new(limits);
+    let stopped =
+        serde::de::DeserializeSeed::deserialize(json::TensorSeed { spec: &specs[0], budget: &mut budget }, &mut de)
+            .expect_err("over the rows");
+    assert!(stopped.column() <= 4097 * (row.len() + 1) + 1, "stopped at column {} of {}", stopped.column(), body.len());
+}
+
+#[test]
+fn long_names_are_cut_in_messages() {
+    let name = "n".repeat(5000);
+    let err = error(&format!(r#"{{"inputs": {{"{name}": [[1, 2, 3]]}}}}"#), &digits());
+    assert!(err.contains(&format!("no input `{}…`", "n".repeat(64))) && err.len() < 300, "{err:.300}");
+    let err = error(&format!(r#"{{"{name}": 1}}"#), &digits());
+    assert!(err.len() < 300, "{err:.300}");
+}

@@ -1,0 +1,337 @@
+//! The KServe v2 inference wire format, with Triton's binary tensor extension: a JSON part, optionally followed
+//! by binary tensors (their sizes in each input's `binary_data_size`, the JSON part's length in the
+//! `Inference-Header-Content-Length` header); answers do the same for the outputs asked for in binary. The types
+//! here are the ones served, and the OpenAPI document's schemas are derived from them.
+
+use std::time::Duration;
+
+use inferd_core::{element_count, DataType, ModelMetadata, Tensor, TensorSpec};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::json::{decode_flat, FlatJson};
+use super::{check_json_depth, names, quoted, shape_text, CodecError, Limits};
+
+/// The header that gives the length of a body's JSON part when binary tensors follow it.
+pub const JSON_LENGTH_HEADER: &str = "inference-header-content-length";
+/// The one version every model has.
+pub const MODEL_VERSION: &str = "1";
+
+/// A v2 inference request (its JSON part, when binary tensors follow).
+#[derive(Deserialize, utoipa::ToSchema)]
+pub struct V2InferRequest<'a> {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub parameters: V2RequestParameters,
+    #[serde(borrow)]
+    pub inputs: Vec<V2Input<'a>>,
+    /// The outputs to answer with; all of them when absent.
+    #[serde(default)]
+    pub outputs: Option<Vec<V2RequestedOutput>>,
+}
+
+#[derive(Deserialize, Default, utoipa::ToSchema)]
+pub struct V2RequestParameters {
+    /// Every output in binary, unless it says otherwise.
+    #[serde(default)]
+    pub binary_data_output: bool,
+    /// Microseconds the request may wait in the queue.
+    pub timeout: Option<u64>,
+    /// Accepted and ignored: inferd has no request priorities yet.
+    pub priority: Option<u64>,
+}
+
+/// One input: `data` (flat or nested, row-major), or `parameters.binary_data_size` bytes after the JSON.
+#[derive(Deserialize, utoipa::ToSchema)]
+pub struct V2Input<'a> {
+    pub name: String,
+    pub shape: Vec<i64>,
+    pub datatype: String,
+    #[serde(default)]
+    pub parameters: V2InputParameters,
+    #[serde(borrow, default)]
+    #[schema(value_type = Option<Vec<Value>>)]
+    pub data: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default, utoipa::ToSchema)]
+pub struct V2InputParameters {
+    /// The input's bytes follow the JSON part (after those of the inputs before it).
+    pub binary_data_size: Option<u64>,
+}
+
+/// An output asked for by name.
+#[derive(Deserialize, utoipa::ToSchema)]
+pub struct V2RequestedOutput {
+    pub name: String,
+    #[serde(default)]
+    pub parameters: V2OutputParameters,
+}
+
+#[derive(Deserialize, Default, utoipa::ToSchema)]
+pub struct V2OutputParameters {
+    /// This output in binary, after the JSON part.
+    pub binary_data: Option<bool>,
+    /// Triton's classification extension: refused.
+    pub classification: Option<u64>,
+}
+
+/// A decoded v2 inference request.
+#[derive(Debug)]
+pub struct V2Call {
+    pub id: Option<String>,
+    /// In the model's input order.
+    pub inputs: Vec<Tensor>,
+    /// The outputs to answer with, in the order asked: (index into the model's outputs, in binary?).
+    pub outputs: Vec<(usize, bool)>,
+    pub timeout: Option<Duration>,
+}
+
+/// Decodes a v2 inference request body within `limits`; `json_length` is the `Inference-Header-Content-Length`
+/// header, if any.
+pub fn decode_infer(
+    body: &[u8],
+    json_length: Option<usize>,
+    meta: &ModelMetadata,
+    limits: &Limits,
+) -> Result<V2Call, CodecError> {
+    let invalid = |m: String| CodecError::Invalid(m);
+    let json_len = json_length.unwrap_or(body.len());
+    if json_len > body.len() {
+        return Err(invalid(format!(
+            "Inference-Header-Content-Length is {json_len}, but the body holds only {} bytes",
+            body.len()
+        )));
+    }
+    let (json, mut binary) = body.split_at(json_len);
+    check_json_depth(json, limits.max_json_depth)?;
+    let request: V2InferRequest<'_> =
+        serde_json::from_slice(json).map_err(|e| invalid(format!("invalid inference request JSON: {e}")))?;
+    // Binary tensors follow the JSON in the order of the JSON's inputs.
+    let mut decoded: Vec<Option<Tensor>> = vec![None; meta.inputs.len()];
+    let mut elements = 0;
+    for input in &request.inputs {
+        let slot = meta.inputs.iter().position(|s| s.name == input.name).ok_or_else(|| {
+            invalid(format!("unexpected input `{}`: the model takes {}", quoted(&input.name), names(&meta.inputs)))
+        })?;
+        if decoded[slot].is_some() {
+            return Err(invalid(format!("input `{}` is given twice", input.name)));
+        }
+        let (tensor, count) = decode_input(input, &meta.inputs[slot], &mut binary, limits, elements)?;
+        decoded[slot] = Some(tensor);
+        elements = count;
+    }
+    if !binary.is_empty() {
+        return Err(invalid(format!("{} bytes of binary data follow the inputs that claim them", binary.len())));
+    }
+    let inputs = decoded
+        .into_iter()
+        .zip(&meta.inputs)
+        .map(|(t, spec)| t.ok_or_else(|| invalid(format!("missing input `{}`", spec.name))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let default_binary = request.parameters.binary_data_output;
+    let outputs = match &request.outputs {
+        None => (0..meta.outputs.len()).map(|i| (i, default_binary)).collect(),
+        Some(asked) => {
+            let mut chosen: Vec<(usize, bool)> = Vec::with_capacity(asked.len().min(meta.outputs.len()));
+            for o in asked {
+                let name = quoted(&o.name);
+                if o.parameters.classification.is_some() {
+                    return Err(invalid(format!("output `{name}`: the classification extension is not supported")));
+                }
+                let i = meta.outputs.iter().position(|s| s.name == o.name).ok_or_else(|| {
+                    invalid(format!("unexpected output `{name}`: the model gives {}", names(&meta.outputs)))
+                })?;
+                if chosen.iter().any(|&(j, _)| j == i) {
+                    return Err(invalid(format!("output `{name}` is asked for twice")));
+                }
+                chosen.push((i, o.parameters.binary_data.unwrap_or(default_binary)));
+            }
+            chosen
+        }
+    };
+    Ok(V2Call { id: request.id, inputs, outputs, timeout: request.parameters.timeout.map(Duration::from_micros) })
+}
+
+/// Decodes one input, taking its binary data (if any) from the front of `binary`. Returns the tensor and the
+/// request's elements so far, `elements_before` included.
+fn decode_input(
+    input: &V2Input<'_>,
+    spec: &TensorSpec,
+    binary: &mut &[u8],
+    limits: &Limits,
+    elements_before: usize,
+) -> Result<(Tensor, usize), CodecError> {
+    let name = quoted(&input.name);
+    let invalid = |m: String| CodecError::Invalid(format!("input `{name}`: {m}"));
+    let datatype: DataType = input.datatype.parse().map_err(|e| invalid(format!("{e}")))?;
+    let shape = input
+        .shape
+        .iter()
+        .map(|&d| {
+            usize::try_from(d)
+                .map_err(|_| invalid(format!("shape {} has a negative dimension", shape_text(&input.shape))))
+        })
+        .collect::<Result<Vec<usize>, _>>()?;
+    if !spec.accepts(&shape) {
+        return Err(invalid(format!("shape {} does not fit the model's {:?}", shape_text(&shape), spec.shape)));
+    }
+    let count = element_count(&shape).map_err(|e| invalid(format!("{e}")))?;
+    let elements =
+        limits.check_shape(&shape, elements_before).map_err(|e| e.context(format_args!("input `{name}`")))?;
+    let tensor = match (input.parameters.binary_data_size, input.data) {
+        (Some(size), None) => {
+            if datatype != spec.datatype {
+                return Err(invalid(format!("the model takes {}, got {datatype}", spec.datatype)));
+            }
+            let size = usize::try_from(size).map_err(|_| invalid("binary_data_size is too large".into()))?;
+            if size > binary.len() {
+                return Err(invalid(format!(
+                    "binary_data_size is {size}, but only {} bytes of binary data are left",
+                    binary.len()
+                )));
+            }
+            let (bytes, rest) = binary.split_at(size);
+            *binary = rest;
+            decode_binary(datatype, shape, count, bytes).map_err(invalid)?
+        }
+        (None, Some(data)) => {
+            let convertible = datatype.is_float() && spec.datatype.is_float();
+            if datatype != spec.datatype && !convertible {
+                return Err(invalid(format!("the model takes {}, got {datatype}", spec.datatype)));
+            }
+            decode_flat(data.get(), spec, shape)?
+        }
+        (Some(_), Some(_)) => {
+            return Err(CodecError::Invalid(format!("input `{name}` has both `data` and binary_data_size")))
+        }
+        (None, None) => {
+            return Err(CodecError::Invalid(format!("input `{name}` has neither `data` nor binary_data_size")))
+        }
+    };
+    Ok((tensor, elements))
+}
+
+/// A tensor from its binary form: little-endian elements, or for BYTES a 4-byte length before each element.
+fn decode_binary(datatype: DataType, shape: Vec<usize>, count: usize, bytes: &[u8]) -> Result<Tensor, String> {
+    let Some(size) = datatype.size() else { return decode_binary_strings(shape, count, bytes) };
+    let shown = shape_text(&shape);
+    let expected = count.checked_mul(size).ok_or_else(|| format!("shape {shown} is too large"))?;
+    if bytes.len() != expected {
+        return Err(format!("binary_data_size is {}, but {datatype} {shown} needs {expected} bytes", bytes.len()));
+    }
+    Tensor::new(datatype, shape, bytes.to_vec()).map_err(|e| e.to_string())
+}
+
+/// A BYTES tensor from its binary form.
+fn decode_binary_strings(shape: Vec<usize>, count: usize, bytes: &[u8]) -> Result<Tensor, String> {
+    let mut elements = Vec::new();
+    let mut rest = bytes;
+    while rest.len() >= 4 {
+        let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        rest = &rest[4..];
+        if len > rest.len() {
+            return Err(format!("a BYTES element of {len} bytes runs past its binary data"));
+        }
+        elements.push(rest[..len].to_vec());
+        rest = &rest[len..];
+        if elements.len() > count {
+            break;
+        }
+    }
+    if !rest.is_empty() || elements.len() != count {
+        return Err(format!(
+            "the binary data holds {} BYTES elements{}, but shape {} needs {count}",
+            elements.len(),
+            if rest.is_empty() { "" } else { " and a partial one" },
+            shape_text(&shape)
+        ));
+    }
+    Tensor::from_byte_strings(shape, elements).map_err(|e| e.to_string())
+}
+
+/// A v2 inference answer (its JSON part, when binary outputs follow).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct V2InferResponse<'a> {
+    pub model_name: &'a str,
+    pub model_version: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<&'a str>,
+    pub outputs: Vec<V2Output<'a>>,
+}
+
+/// One output: `data`, or `parameters.binary_data_size` bytes after the JSON part.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct V2Output<'a> {
+    pub name: &'a str,
+    #[schema(value_type = String)]
+    pub datatype: DataType,
+    pub shape: &'a [usize],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Value>>)]
+    pub data: Option<FlatJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<V2BinaryOutput>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct V2BinaryOutput {
+    /// Bytes of this output after the JSON part (after those of the outputs before it).
+    pub binary_data_size: usize,
+}
+
+/// The binary form of a tensor (see [`decode_binary`]).
+fn binary_form(t: &Tensor, out: &mut Vec<u8>) {
+    match (t.raw_bytes(), t.byte_strings()) {
+        (Some(bytes), _) => out.extend_from_slice(bytes),
+        (None, Some(strings)) => {
+            for s in strings {
+                out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+                out.extend_from_slice(s);
+            }
+        }
+        (None, None) => {}
+    }
+}
+
+/// Encodes an answer: the JSON part, then the binary outputs in the JSON's order. Returns the body and, when
+/// binary outputs follow, the JSON part's length.
+pub fn encode_infer(
+    model: &str,
+    id: Option<&str>,
+    meta: &ModelMetadata,
+    outputs: &[Tensor],
+    selection: &[(usize, bool)],
+) -> Result<(Vec<u8>, Option<usize>), CodecError> {
+    let mut binary = Vec::new();
+    let mut json_outputs = Vec::with_capacity(selection.len());
+    for &(i, as_binary) in selection {
+        let (t, spec) = outputs
+            .get(i)
+            .zip(meta.outputs.get(i))
+            .ok_or_else(|| CodecError::Encode(format!("the engine returned no output {i}")))?;
+        let parameters = as_binary.then(|| {
+            let start = binary.len();
+            binary_form(t, &mut binary);
+            V2BinaryOutput { binary_data_size: binary.len() - start }
+        });
+        json_outputs.push(V2Output {
+            name: &spec.name,
+            datatype: t.dtype(),
+            shape: t.shape(),
+            data: (!as_binary).then_some(FlatJson(t)),
+            parameters,
+        });
+    }
+    let response = V2InferResponse { model_name: model, model_version: MODEL_VERSION, id, outputs: json_outputs };
+    let mut body = serde_json::to_vec(&response).map_err(|e| CodecError::Encode(e.to_string()))?;
+    let json_len = body.len();
+    let has_binary = selection.iter().any(|&(_, b)| b);
+    body.extend_from_slice(&binary);
+    Ok((body, has_binary.then_some(json_len)))
+}
+
+#[cfg(test)]
+#[path = "v2_tests.rs"]
+mod tests;

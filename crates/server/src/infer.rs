@@ -1,0 +1,130 @@
+//! The one inference path every protocol shares: decode the body (on the blocking pool when it is large), queue
+//! the request with the model's batcher in the request's span, encode the answer the same way. A protocol is a
+//! [`WireFormat`]: how its bodies decode into a request, and how answers encode.
+
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use inferd_batcher::{Batcher, InferRequest};
+use inferd_core::Tensor;
+
+use crate::codec::{CodecError, Limits};
+use crate::error::{AppError, ErrorKind};
+use crate::state::AppState;
+
+/// Bodies above this size are decoded, and answers above it encoded, on the blocking pool rather than on the
+/// async runtime's threads.
+const INLINE_CODEC_BYTES: usize = 64 * 1024;
+
+/// Response headers that say how a request was served.
+pub const BATCH_SIZE_HEADER: &str = "x-inferd-batch-size";
+pub const QUEUE_TIME_HEADER: &str = "x-inferd-queue-us";
+pub const COMPUTE_TIME_HEADER: &str = "x-inferd-compute-us";
+
+/// One protocol's inference bodies. A value holds what the protocol read from the request besides its body
+/// (its headers, say); it travels with the request to be decoded, and back to encode the answer.
+pub trait WireFormat: Send + 'static {
+    /// What decoding leaves for encoding the answer: the outputs asked for, an id.
+    type Pending: Send + 'static;
+    /// The encoded answer.
+    type Answer: Send + 'static;
+
+    /// Decodes a body into a request for `batcher`'s model, within `limits`.
+    fn decode(
+        &self,
+        body: &[u8],
+        batcher: &Batcher,
+        limits: &Limits,
+    ) -> Result<(InferRequest, Self::Pending), CodecError>;
+
+    /// Encodes the model's outputs for the request.
+    fn encode(&self, batcher: &Batcher, outputs: &[Tensor], pending: Self::Pending)
+        -> Result<Self::Answer, CodecError>;
+}
+
+/// An answer, and how it was served.
+pub struct Served<A> {
+    pub answer: A,
+    pub batch_rows: usize,
+    pub queue_time: Duration,
+    pub compute_time: Duration,
+}
+
+impl<A> Served<A> {
+    /// The response headers that say how the request was served.
+    pub fn headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            (BATCH_SIZE_HEADER, self.batch_rows as u128),
+            (QUEUE_TIME_HEADER, self.queue_time.as_micros()),
+            (COMPUTE_TIME_HEADER, self.compute_time.as_micros()),
+        ] {
+            headers.insert(name, HeaderValue::from(u64::try_from(value).unwrap_or(u64::MAX)));
+        }
+        headers
+    }
+}
+
+/// Runs one inference request of `format` on model `model`.
+pub async fn infer<F: WireFormat>(
+    state: &AppState,
+    model: &str,
+    format: F,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Served<F::Answer>, AppError> {
+    let batcher = state.batcher(model)?;
+    let body = body.map_err(body_error)?;
+    let limits = *state.limits();
+    let decoder = batcher.clone();
+    let (format, decoded) = off_runtime_if(body.len() > INLINE_CODEC_BYTES, move || {
+        let decoded = format.decode(&body, &decoder, &limits);
+        (format, decoded)
+    })
+    .await?;
+    let (mut request, pending) = decoded.map_err(|e| e.context(format_args!("model `{}`", batcher.name())))?;
+    // Decoding may have run on the blocking pool: the request's span is this task's.
+    request.span = tracing::Span::current();
+    let answer = batcher.infer(request).await?;
+    let out_bytes: usize = answer.outputs.iter().map(|t| t.element_count() * 12).sum();
+    let encoder = batcher.clone();
+    let outputs = answer.outputs;
+    let encoded =
+        off_runtime_if(out_bytes > INLINE_CODEC_BYTES, move || format.encode(&encoder, &outputs, pending)).await??;
+    Ok(Served {
+        answer: encoded,
+        batch_rows: answer.batch_rows,
+        queue_time: answer.queue_time,
+        compute_time: answer.compute_time,
+    })
+}
+
+/// Runs `work` on the blocking pool when `large`, inline when not.
+async fn off_runtime_if<T: Send + 'static>(
+    large: bool,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, AppError> {
+    if large {
+        tokio::task::spawn_blocking(work).await.map_err(|e| AppError::internal(format!("codec task failed: {e}")))
+    } else {
+        Ok(work())
+    }
+}
+
+/// The error of a body that could not be read: too large, or cut off.
+pub fn body_error(rejection: BytesRejection) -> AppError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        AppError::new(
+            ErrorKind::PayloadTooLarge,
+            "the request body is larger than this server takes (--max-body-bytes)",
+        )
+    } else {
+        AppError::bad_request(rejection.body_text())
+    }
+}
+
+/// A deadline `after` from now, or none where that is past the end of time.
+pub fn deadline_in(after: Duration) -> Option<Instant> {
+    Instant::now().checked_add(after)
+}

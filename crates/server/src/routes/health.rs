@@ -1,0 +1,155 @@
+//! The probes orchestrators call (`/health`, `/health/live`, `/health/ready`) and Prometheus's `/metrics`.
+
+use std::sync::atomic::Ordering;
+
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::gpu::GpuInfo;
+use crate::repository::{Model, ModelState};
+use crate::state::{AppState, Status};
+
+/// The probes: open to all.
+pub fn probe_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(health)).routes(routes!(live)).routes(routes!(ready))
+}
+
+/// `/metrics`: open, unless `--protect-metrics`.
+pub fn metrics_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(metrics))
+}
+
+/// The server's status, its GPUs and its models.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Health<'a> {
+    /// `healthy`, `starting`, `degraded` or `draining`.
+    status: &'static str,
+    /// Why the server is not healthy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    gpu_available: bool,
+    gpu_name: Option<&'a str>,
+    gpus: &'a [GpuInfo],
+    models: Vec<ModelHealth<'a>>,
+    version: &'static str,
+}
+
+/// One model's state and counters.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ModelHealth<'a> {
+    name: &'a str,
+    backend: &'static str,
+    ready: bool,
+    /// `loading`, `ready` or `failed`.
+    state: &'static str,
+    device: Option<&'a str>,
+    precision: Option<&'static str>,
+    queue_depth: usize,
+    requests: u64,
+    batches: u64,
+    rows: u64,
+    /// Why the model failed to load.
+    error: Option<&'a str>,
+}
+
+impl<'a> ModelHealth<'a> {
+    fn of(model: &'a Model) -> Self {
+        let mut h = ModelHealth {
+            name: model.name(),
+            backend: model.config.backend.as_str(),
+            ready: false,
+            state: "loading",
+            device: None,
+            precision: None,
+            queue_depth: 0,
+            requests: 0,
+            batches: 0,
+            rows: 0,
+            error: None,
+        };
+        match model.state() {
+            ModelState::Loading => {}
+            ModelState::Failed(e) => {
+                h.state = "failed";
+                h.error = Some(e);
+            }
+            ModelState::Ready(b) => {
+                let stats = b.stats();
+                h.ready = true;
+                h.state = "ready";
+                h.device = Some(&b.metadata().device);
+                h.precision = Some(b.metadata().precision.as_str());
+                h.queue_depth = b.queue_depth();
+                h.requests = stats.requests.load(Ordering::Relaxed);
+                h.batches = stats.batches.load(Ordering::Relaxed);
+                h.rows = stats.rows.load(Ordering::Relaxed);
+            }
+        }
+        h
+    }
+}
+
+/// The server's status, its GPUs and its models.
+#[utoipa::path(get, path = "/health", tag = "health", responses(
+    (status = 200, body = Health, description = "Every model is ready"),
+    (status = 503, body = Health, description = "Starting, degraded or draining: `reason` says why")))]
+async fn health(State(state): State<AppState>) -> Response {
+    let gpus = state.gpu().snapshot();
+    let (status, reason) = state.assess(&gpus);
+    let body = Health {
+        status: status.as_str(),
+        reason,
+        gpu_available: !gpus.is_empty(),
+        gpu_name: gpus.first().map(|g| g.name.as_str()),
+        gpus: &gpus,
+        models: state.models().iter().map(|m| ModelHealth::of(m)).collect(),
+        version: env!("CARGO_PKG_VERSION"),
+    };
+    let code = if status == Status::Healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (code, Json(body)).into_response()
+}
+
+/// A probe's answer.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ProbeStatus {
+    /// `alive`, `ready`, `starting`, `degraded` or `draining`.
+    status: &'static str,
+    /// Why the server is not ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+/// Liveness: the process answers. Touches no GPU and no worker.
+#[utoipa::path(get, path = "/health/live", tag = "health", responses((status = 200, body = ProbeStatus)))]
+async fn live() -> Json<ProbeStatus> {
+    Json(ProbeStatus { status: "alive", error: None })
+}
+
+/// Readiness: every model loaded and warmed, and the server not draining.
+#[utoipa::path(get, path = "/health/ready", tag = "health", responses(
+    (status = 200, body = ProbeStatus), (status = 503, body = ProbeStatus)))]
+async fn ready(State(state): State<AppState>) -> Response {
+    match state.assess(&state.gpu().snapshot()) {
+        (Status::Healthy, _) => Json(ProbeStatus { status: "ready", error: None }).into_response(),
+        (status, reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(ProbeStatus { status: status.as_str(), error: Some(reason.unwrap_or_default()) }),
+        )
+            .into_response(),
+    }
+}
+
+/// Prometheus exposition text.
+#[utoipa::path(get, path = "/metrics", tag = "metrics",
+    responses((status = 200, content_type = "text/plain; version=0.0.4", body = String)))]
+async fn metrics(State(state): State<AppState>) -> Response {
+    let gpus = state.gpu().snapshot();
+    let text = state.metrics().render(state.models(), &gpus);
+    ([(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"))], text)
+        .into_response()
+}

@@ -1,0 +1,381 @@
+//! The KServe v2 / Open Inference Protocol routes, so that Triton's clients work unchanged. Every model has one
+//! version, `1`. The inference wire format itself is the codec's ([`crate::codec::v2`]).
+
+use std::collections::HashMap;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use inferd_batcher::{Batcher, InferRequest};
+use inferd_core::{DataType, Tensor, TensorSpec};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::codec::v2::{
+    decode_infer, encode_infer, V2InferRequest, V2InferResponse, JSON_LENGTH_HEADER, MODEL_VERSION,
+};
+use crate::codec::{quoted, CodecError, Limits};
+use crate::error::{AppError, ErrorBody, InferErrors};
+use crate::infer::{body_error, deadline_in, infer, WireFormat};
+use crate::repository::ModelState;
+use crate::state::AppState;
+
+/// The path parameter that names the model.
+pub const MODEL_PARAM: &str = "model";
+
+/// The server probes, open to all.
+pub fn probe_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(server_live)).routes(routes!(server_ready))
+}
+
+/// Metadata, readiness, configuration and the repository index, behind the API key when one is configured.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(server_metadata))
+        .routes(routes!(repository_index))
+        .routes(routes!(model_metadata))
+        .routes(routes!(version_metadata))
+        .routes(routes!(model_ready))
+        .routes(routes!(version_ready))
+        .routes(routes!(model_config))
+        .routes(routes!(version_config))
+}
+
+/// Inference, behind the API key when one is configured.
+pub fn inference_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(infer_latest)).routes(routes!(infer_version))
+}
+
+/// The model a v2 route names (percent-decoded), its version checked.
+struct ModelName(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for ModelName {
+    type Rejection = AppError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| AppError::bad_request(e.body_text()))?;
+        let name = params.get(MODEL_PARAM).cloned().unwrap_or_default();
+        match params.get("version") {
+            Some(v) if v != MODEL_VERSION => Err(AppError::not_found(format!(
+                "model `{}` has no version `{}`: inferd serves each model as version {MODEL_VERSION}",
+                quoted(&name),
+                quoted(v)
+            ))),
+            _ => Ok(ModelName(name)),
+        }
+    }
+}
+
+/// `GET /v2`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct V2ServerMetadata {
+    name: &'static str,
+    version: &'static str,
+    extensions: [&'static str; 2],
+}
+
+/// Server metadata.
+#[utoipa::path(get, path = "/v2", tag = "kserve-v2", responses((status = 200, body = V2ServerMetadata)),
+    security(("api_key" = [])))]
+async fn server_metadata() -> Json<V2ServerMetadata> {
+    Json(V2ServerMetadata {
+        name: "inferd",
+        version: env!("CARGO_PKG_VERSION"),
+        extensions: ["binary_tensor_data", "model_repository"],
+    })
+}
+
+/// Server liveness.
+#[utoipa::path(get, path = "/v2/health/live", tag = "kserve-v2", responses((status = 200, description = "Live")))]
+async fn server_live() -> StatusCode {
+    StatusCode::OK
+}
+
+/// Server readiness: every model ready and the server not draining.
+#[utoipa::path(get, path = "/v2/health/ready", tag = "kserve-v2", responses(
+    (status = 200, description = "Ready"), (status = 503, body = ErrorBody, description = "Not ready, or draining")))]
+async fn server_ready(State(state): State<AppState>) -> Result<StatusCode, AppError> {
+    match state.readiness() {
+        None => Ok(StatusCode::OK),
+        Some(reason) => Err(AppError::unavailable(reason)),
+    }
+}
+
+/// `POST /v2/repository/index` body (optional).
+#[derive(Deserialize, Default, utoipa::ToSchema)]
+pub struct V2IndexRequest {
+    /// Only the models that are ready.
+    #[serde(default)]
+    ready: bool,
+}
+
+/// One model in the repository index.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct V2IndexEntry<'a> {
+    name: &'a str,
+    version: &'static str,
+    /// `READY`, `LOADING` or `UNAVAILABLE`.
+    state: &'static str,
+    reason: &'a str,
+}
+
+/// The models and their states.
+#[utoipa::path(post, path = "/v2/repository/index", tag = "kserve-v2",
+    request_body(content = Option<V2IndexRequest>),
+    responses((status = 200, body = Vec<V2IndexEntry>), (status = 400, body = ErrorBody)),
+    security(("api_key" = [])))]
+async fn repository_index(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, AppError> {
+    let body = body.map_err(body_error)?;
+    let request: V2IndexRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        V2IndexRequest::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| AppError::bad_request(format!("invalid index request: {e}")))?
+    };
+    let index: Vec<V2IndexEntry<'_>> = state
+        .models()
+        .iter()
+        .filter_map(|m| {
+            let (state, reason) = match m.state() {
+                ModelState::Ready(_) => ("READY", ""),
+                ModelState::Loading => ("LOADING", ""),
+                ModelState::Failed(e) => ("UNAVAILABLE", e),
+            };
+            (!request.ready || state == "READY").then_some(V2IndexEntry {
+                name: m.name(),
+                version: MODEL_VERSION,
+                state,
+                reason,
+            })
+        })
+        .collect();
+    Ok(Json(index).into_response())
+}
+
+/// A tensor's name, KServe data type and shape (`-1` for a variable dimension).
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct V2TensorMetadata<'a> {
+    name: &'a str,
+    #[schema(value_type = String)]
+    datatype: DataType,
+    shape: &'a [i64],
+}
+
+impl<'a> V2TensorMetadata<'a> {
+    fn all(specs: &'a [TensorSpec]) -> Vec<Self> {
+        specs.iter().map(|s| V2TensorMetadata { name: &s.name, datatype: s.datatype, shape: &s.shape }).collect()
+    }
+}
+
+/// `GET /v2/models/{model}`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct V2ModelMetadata<'a> {
+    name: &'a str,
+    versions: [&'static str; 1],
+    platform: &'static str,
+    inputs: Vec<V2TensorMetadata<'a>>,
+    outputs: Vec<V2TensorMetadata<'a>>,
+}
+
+/// A model's inputs and outputs.
+#[utoipa::path(get, path = "/v2/models/{model}", tag = "kserve-v2", params(("model" = String, Path, description = "The model")),
+    responses((status = 200, body = V2ModelMetadata), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security(("api_key" = [])))]
+async fn model_metadata(State(state): State<AppState>, ModelName(name): ModelName) -> Result<Response, AppError> {
+    let batcher = state.batcher(&name)?;
+    let meta = batcher.metadata();
+    Ok(Json(V2ModelMetadata {
+        name: batcher.name(),
+        versions: [MODEL_VERSION],
+        platform: meta.platform,
+        inputs: V2TensorMetadata::all(&meta.inputs),
+        outputs: V2TensorMetadata::all(&meta.outputs),
+    })
+    .into_response())
+}
+
+/// A model's readiness.
+#[utoipa::path(get, path = "/v2/models/{model}/ready", tag = "kserve-v2", params(("model" = String, Path, description = "The model")),
+    responses((status = 200, description = "Ready"), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security(("api_key" = [])))]
+async fn model_ready(State(state): State<AppState>, ModelName(name): ModelName) -> Result<StatusCode, AppError> {
+    state.batcher(&name).map(|_| StatusCode::OK)
+}
+
+/// Triton's name for a data type in a model configuration.
+fn config_type(datatype: DataType) -> String {
+    match datatype {
+        DataType::Bytes => "TYPE_STRING".into(),
+        other => format!("TYPE_{}", other.as_str()),
+    }
+}
+
+/// A model's configuration, in Triton's terms.
+#[utoipa::path(get, path = "/v2/models/{model}/config", tag = "kserve-v2", params(("model" = String, Path, description = "The model")),
+    responses((status = 200, body = Object, description = "Triton-style model configuration"),
+        (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security(("api_key" = [])))]
+async fn model_config(State(state): State<AppState>, ModelName(name): ModelName) -> Result<Response, AppError> {
+    let model = state.model(&name)?;
+    let batcher = state.batcher(&name)?;
+    let meta = batcher.metadata();
+    let tensors = |specs: &[TensorSpec]| -> Vec<serde_json::Value> {
+        specs
+            .iter()
+            .map(|s| json!({ "name": s.name, "data_type": config_type(s.datatype), "dims": s.row_dims() }))
+            .collect()
+    };
+    let batching = &model.config.batching;
+    Ok(Json(json!({
+        "name": model.name(),
+        "platform": meta.platform,
+        "backend": model.config.backend.as_str(),
+        "max_batch_size": batching.max_batch_size,
+        "input": tensors(&meta.inputs),
+        "output": tensors(&meta.outputs),
+        "dynamic_batching": {
+            "max_queue_delay_microseconds": batching.max_queue_delay_us,
+            "preferred_batch_size": batching.preferred_batch_sizes,
+            "default_queue_policy": { "max_queue_size": batching.max_queue_size, "default_timeout_microseconds": batching.timeout_ms * 1000 },
+        },
+        "instance_group": [{
+            "count": model.config.instances,
+            "kind": if meta.on_gpu() { "KIND_GPU" } else { "KIND_CPU" },
+        }],
+        "parameters": { "device": meta.device, "precision": meta.precision.as_str() },
+    }))
+    .into_response())
+}
+
+/// v2 inference bodies: JSON, or JSON followed by binary tensors, both ways.
+struct V2Format {
+    /// The `Inference-Header-Content-Length` header: the length of the body's JSON part.
+    json_length: Option<usize>,
+}
+
+/// What encoding a v2 answer needs from its request: its id, and the outputs asked for.
+type V2Pending = (Option<String>, Vec<(usize, bool)>);
+
+impl WireFormat for V2Format {
+    type Pending = V2Pending;
+    /// The body, and the length of its JSON part when binary outputs follow it.
+    type Answer = (Vec<u8>, Option<usize>);
+
+    fn decode(&self, body: &[u8], batcher: &Batcher, limits: &Limits) -> Result<(InferRequest, V2Pending), CodecError> {
+        let call = decode_infer(body, self.json_length, batcher.metadata(), limits)?;
+        let deadline = call.timeout.and_then(deadline_in);
+        Ok((InferRequest::new(call.inputs).with_deadline(deadline), (call.id, call.outputs)))
+    }
+
+    fn encode(
+        &self,
+        batcher: &Batcher,
+        outputs: &[Tensor],
+        (id, selection): V2Pending,
+    ) -> Result<Self::Answer, CodecError> {
+        encode_infer(batcher.name(), id.as_deref(), batcher.metadata(), outputs, &selection)
+    }
+}
+
+fn json_length(headers: &HeaderMap) -> Result<Option<usize>, AppError> {
+    headers
+        .get(JSON_LENGTH_HEADER)
+        .map(|v| {
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .ok_or_else(|| AppError::bad_request("Inference-Header-Content-Length must be a non-negative integer"))
+        })
+        .transpose()
+}
+
+async fn run_infer(
+    state: &AppState,
+    name: &str,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, AppError> {
+    let format = V2Format { json_length: json_length(headers)? };
+    let served = infer(state, name, format, body).await?;
+    let mut headers = served.headers();
+    let (body, json_len) = served.answer;
+    match json_len {
+        Some(len) => {
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+            headers.insert(JSON_LENGTH_HEADER, HeaderValue::from(len as u64));
+        }
+        None => {
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+    }
+    Ok((headers, body).into_response())
+}
+
+/// Runs an inference.
+#[utoipa::path(post, path = "/v2/models/{model}/infer", tag = "kserve-v2", params(("model" = String, Path, description = "The model")),
+    request_body(description = "JSON, or JSON followed by binary tensors (`Inference-Header-Content-Length`)",
+        content((V2InferRequest = "application/json"), ("application/octet-stream"))),
+    responses((status = 200, description = "JSON, or JSON followed by binary outputs",
+        content((V2InferResponse = "application/json"), ("application/octet-stream"))), InferErrors),
+    security(("api_key" = [])))]
+async fn infer_latest(
+    State(state): State<AppState>,
+    ModelName(name): ModelName,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, AppError> {
+    run_infer(&state, &name, &headers, body).await
+}
+
+// The same handlers under `/versions/{version}`: one function per documented path.
+
+/// A model version's inputs and outputs.
+#[utoipa::path(get, path = "/v2/models/{model}/versions/{version}", tag = "kserve-v2", params(("model" = String, Path, description = "The model"), ("version" = String, Path, description = "Always `1`")),
+    responses((status = 200, body = V2ModelMetadata), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security(("api_key" = [])))]
+async fn version_metadata(state: State<AppState>, name: ModelName) -> Result<Response, AppError> {
+    model_metadata(state, name).await
+}
+
+/// A model version's readiness.
+#[utoipa::path(get, path = "/v2/models/{model}/versions/{version}/ready", tag = "kserve-v2", params(("model" = String, Path, description = "The model"), ("version" = String, Path, description = "Always `1`")),
+    responses((status = 200, description = "Ready"), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security(("api_key" = [])))]
+async fn version_ready(state: State<AppState>, name: ModelName) -> Result<StatusCode, AppError> {
+    model_ready(state, name).await
+}
+
+/// A model version's configuration.
+#[utoipa::path(get, path = "/v2/models/{model}/versions/{version}/config", tag = "kserve-v2", params(("model" = String, Path, description = "The model"), ("version" = String, Path, description = "Always `1`")),
+    responses((status = 200, body = Object, description = "Triton-style model configuration"),
+        (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
+    security(("api_key" = [])))]
+async fn version_config(state: State<AppState>, name: ModelName) -> Result<Response, AppError> {
+    model_config(state, name).await
+}
+
+/// Runs an inference on a model version.
+#[utoipa::path(post, path = "/v2/models/{model}/versions/{version}/infer", tag = "kserve-v2", params(("model" = String, Path, description = "The model"), ("version" = String, Path, description = "Always `1`")),
+    request_body(description = "JSON, or JSON followed by binary tensors (`Inference-Header-Content-Length`)",
+        content((V2InferRequest = "application/json"), ("application/octet-stream"))),
+    responses((status = 200, description = "JSON, or JSON followed by binary outputs",
+        content((V2InferResponse = "application/json"), ("application/octet-stream"))), InferErrors),
+    security(("api_key" = [])))]
+async fn infer_version(
+    State(state): State<AppState>,
+    ModelName(name): ModelName,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, AppError> {
+    run_infer(&state, &name, &headers, body).await
+}
