@@ -83,3 +83,50 @@ async fn several_models_without_a_default_ask_for_a_name() {
     let error = r.json::<serde_json::Value>().await.expect("JSON")["error"].as_str().expect("error").to_owned();
     assert!(error.contains("--default-model") && error.contains("`digits-candle`"), "{error}");
 }
+
+/// The engine itself refuses an input (an id out of the table of a real ONNX `Gather`): that is the client's
+/// fault, a 400 with the engine's words, on both protocols; the model goes on serving.
+#[tokio::test]
+async fn an_input_the_engine_refuses_is_a_400_not_a_500() {
+    let repo = Repo::new().test_model("lookup");
+    let server = TestServer::ready(repo.path(), &[], None).await;
+    let r = server.post_json("/predict", &json!({ "input": [[3], [7]] })).await;
+    assert_eq!(r.status(), 200);
+    let body: serde_json::Value = r.json().await.expect("JSON");
+    assert_eq!(body["prediction"], json!([[[3.0, -3.0]], [[7.0, -7.0]]]));
+    for (path, body) in [
+        ("/predict", json!({ "input": [[9]] })),
+        (
+            "/v2/models/lookup/infer",
+            json!({ "inputs": [{ "name": "ids", "shape": [1, 1], "datatype": "INT64", "data": [-20] }] }),
+        ),
+    ] {
+        let r = server.post_json(path, &body).await;
+        assert_eq!(r.status(), 400, "{path}");
+        let error = r.json::<serde_json::Value>().await.expect("JSON")["error"].as_str().expect("error").to_owned();
+        assert!(error.starts_with("the engine refused the input:") && error.contains("out of"), "{path}: {error}");
+    }
+    let r = server.post_json("/predict", &json!({ "input": [[0]] })).await;
+    assert_eq!(r.json::<serde_json::Value>().await.expect("JSON")["prediction"], json!([[[0.0, 0.0]]]));
+}
+
+/// A v2 request may name each output once: a repeat used to be encoded again for every repeat.
+#[tokio::test]
+async fn v2_outputs_asked_twice_or_unknown_are_400s() {
+    let repo = Repo::new().bundled("digits");
+    let server = TestServer::ready(repo.path(), &[], None).await;
+    let pixels = heldout().pixels[0].clone();
+    let request = |outputs: serde_json::Value| json!({ "inputs": [{ "name": "input", "shape": [1, 64], "datatype": "FP32", "data": pixels }], "outputs": outputs });
+    let repeats: Vec<serde_json::Value> = (0..10_000).map(|_| json!({ "name": "logits" })).collect();
+    for (outputs, expected) in [
+        (json!(repeats), "output `logits` is asked for twice"),
+        (json!([{ "name": "logits" }, { "name": "probabilities" }]), "unexpected output `probabilities`"),
+    ] {
+        let r = server.post_json("/v2/models/digits/infer", &request(outputs)).await;
+        assert_eq!(r.status(), 400);
+        let error = r.json::<serde_json::Value>().await.expect("JSON")["error"].as_str().expect("error").to_owned();
+        assert!(error.contains(expected), "{error}");
+    }
+    let r = server.post_json("/v2/models/digits/infer", &request(json!([{ "name": "logits" }]))).await;
+    assert_eq!(r.status(), 200);
+}

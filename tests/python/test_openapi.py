@@ -47,3 +47,86 @@ def test_swagger_ui_is_served_from_the_binary(server_url):
     assert b"swagger-ui" in page
     status, _ = fetch(f"http://{server_url}/docs/swagger-ui-bundle.js")
     assert status == 200
+
+
+def strict(schema):
+    """The schema, with objects that list their properties closed to others: a served field the document does
+    not describe then fails validation, as a missing or mistyped one does."""
+    if isinstance(schema, dict):
+        schema = {k: strict(v) for k, v in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema:
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+def documented_schema(document, method, path, status):
+    """The JSON schema the document gives for `status` of the operation that routes `path`, with the
+    document's components, or None when that answer has no JSON body."""
+    for template, item in document["paths"].items():
+        if re.fullmatch(re.sub(r"\{[^}]+\}", "[^/]+", template), path) and method in item:
+            responses = item[method]["responses"]
+            assert str(status) in responses, f"{method} {path} answered {status}, which the document does not list"
+            content = responses[str(status)].get("content", {})
+            if "application/json" not in content:
+                return template, None
+            schema = dict(content["application/json"]["schema"])
+            schema["components"] = document["components"]
+            return template, strict(schema)
+    raise AssertionError(f"{method} {path} is not in the document")
+
+
+def test_every_answer_matches_its_documented_schema(server_url):
+    """Real answers, successes and errors, of every documented operation, against the published schema."""
+    from jsonschema import Draft202012Validator
+
+    document = json.loads(fetch(f"http://{server_url}/openapi.json")[1])
+    pixels = [float(i % 17) for i in range(64)]
+    v2 = json.dumps({"id": "a", "inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": pixels}]})
+    predict = json.dumps({"input": [pixels]})
+    cases = [
+        ("get", "/health", None, 200),
+        ("get", "/health/live", None, 200),
+        ("get", "/health/ready", None, 200),
+        ("get", "/metrics", None, 200),
+        ("get", "/v2", None, 200),
+        ("get", "/v2/health/live", None, 200),
+        ("get", "/v2/health/ready", None, 200),
+        ("post", "/v2/repository/index", b"", 200),
+        ("post", "/v2/repository/index", b"{\"ready\": 3}", 400),
+        ("get", "/v2/models/digits", None, 200),
+        ("get", "/v2/models/nope", None, 404),
+        ("get", "/v2/models/digits/versions/1", None, 200),
+        ("get", "/v2/models/digits/versions/2", None, 404),
+        ("get", "/v2/models/digits/ready", None, 200),
+        ("get", "/v2/models/nope/ready", None, 404),
+        ("get", "/v2/models/digits/versions/1/ready", None, 200),
+        ("get", "/v2/models/digits/versions/2/ready", None, 404),
+        ("get", "/v2/models/digits/config", None, 200),
+        ("get", "/v2/models/nope/config", None, 404),
+        ("get", "/v2/models/digits/versions/1/config", None, 200),
+        ("get", "/v2/models/digits/versions/2/config", None, 404),
+        ("post", "/v2/models/digits/infer", v2.encode(), 200),
+        ("post", "/v2/models/digits/infer", b"{\"inputs\": []}", 400),
+        ("post", "/v2/models/nope/infer", v2.encode(), 404),
+        ("post", "/v2/models/digits/versions/1/infer", v2.encode(), 200),
+        ("post", "/v2/models/digits/versions/2/infer", v2.encode(), 404),
+        ("post", "/models/digits/predict", predict.encode(), 200),
+        ("post", "/models/digits/predict", b"{\"input\": [[1]]}", 400),
+        ("post", "/models/nope/predict", predict.encode(), 404),
+        # The bundled repository has several models and no default: /predict says so.
+        ("post", "/predict", predict.encode(), 400),
+    ]
+    covered = set()
+    for method, path, body, want in cases:
+        status, answer = fetch(f"http://{server_url}{path}", method.upper(), body)
+        assert status == want, (method, path, status, answer[:200])
+        template, schema = documented_schema(document, method, path, status)
+        covered.add((template, method))
+        if schema is not None:
+            errors = list(Draft202012Validator(schema).iter_errors(json.loads(answer)))
+            assert not errors, (method, path, status, [e.message for e in errors][:3])
+    documented = {(path, method) for path, item in document["paths"].items() for method in item}
+    assert documented <= covered, f"operations without a checked answer: {sorted(documented - covered)}"

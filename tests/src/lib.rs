@@ -46,11 +46,20 @@ impl Repo {
 
     /// Adds bundled model `bundled` as `name`, with `edit` applied to its `model.toml`.
     pub fn model(self, name: &str, bundled: &str, edit: impl FnOnce(String) -> String) -> Repo {
-        let from = workspace().join("models").join(bundled);
+        self.copy(name, &workspace().join("models").join(bundled), edit)
+    }
+
+    /// Adds the test model `tests/data/models/<name>`, made for a test rather than bundled.
+    pub fn test_model(self, name: &str) -> Repo {
+        self.copy(name, &workspace().join("tests/data/models").join(name), |t| t)
+    }
+
+    /// Adds the model folder `from` as `name`, with `edit` applied to its `model.toml`.
+    fn copy(self, name: &str, from: &Path, edit: impl FnOnce(String) -> String) -> Repo {
         let to = self.dir.path().join(name);
         std::fs::create_dir_all(&to).expect("mkdir");
         let mut edit = Some(edit);
-        for entry in std::fs::read_dir(&from).expect("a bundled model") {
+        for entry in std::fs::read_dir(from).expect("a model folder") {
             let path = entry.expect("entry").path();
             let file = path.file_name().expect("a file name");
             if file == "model.toml" {

@@ -304,3 +304,47 @@ async fn healthcheck_exits_zero_only_when_the_server_is_ready() {
         String::from_utf8_lossy(&gone.stderr)
     );
 }
+
+/// The high-water mark of the process's resident memory, in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+    line.split_whitespace().nth(1).and_then(|kib| kib.parse::<u64>().ok()).expect("kB") * 1024
+}
+
+/// A 126 KB gzip body that inflates to 250,000 rows (32 MB): the decoder stops at the first row past
+/// `--max-rows`, so the 64 MB tensor the body describes is never built. What memory grows by is the inflated
+/// body itself, which `--max-body-bytes` bounds.
+#[tokio::test]
+async fn a_gzip_body_over_the_row_limit_stops_decoding_early() {
+    use std::io::Write;
+    let repo = repo(&["digits"], |t| t);
+    let server = Inferd::start(repo.path(), &["--max-rows", "4096"]);
+    server.wait_loaded().await;
+    let row = format!("[{}]", vec!["0"; 64].join(","));
+    let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gzip.write_all(b"{\"input\": [").expect("gzip");
+    let mut inflated = 11;
+    for i in 0..250_000 {
+        let sep: &[u8] = if i == 0 { b"" } else { b"," };
+        gzip.write_all(sep).and_then(|()| gzip.write_all(row.as_bytes())).expect("gzip");
+        inflated += sep.len() + row.len();
+    }
+    gzip.write_all(b"]}").expect("gzip");
+    let body = gzip.finish().expect("gzip");
+    assert!(body.len() < 200_000, "{} bytes", body.len());
+    let client = reqwest::Client::new();
+    let post = |body: Vec<u8>| client.post(server.url("/predict")).header("content-encoding", "gzip").body(body).send();
+    // One small request first, so that what a request costs anyway is in the baseline.
+    assert_eq!(post(br#"{"input": [[0]]}"#.to_vec()).await.expect("answers").status(), 400);
+    let before = peak_rss(server.child.id());
+    let r = post(body).await.expect("answers");
+    assert_eq!(r.status(), 413);
+    let error = r.json::<Value>().await.expect("JSON")["error"].as_str().expect("error").to_owned();
+    assert!(error.contains("more than 4096 rows") && error.contains("--max-rows"), "{error}");
+    let grown = peak_rss(server.child.id()).saturating_sub(before);
+    // What is left is the inflated body, whose buffer doubles as it is collected (about twice its size at the
+    // peak). Decoding it all added the 64 MB tensor and its growth on top: about 124 MiB in all.
+    let bound = 2 * inflated as u64 + 16 * 1024 * 1024;
+    assert!(grown < bound, "peak RSS grew by {grown} bytes for a {inflated}-byte body");
+}

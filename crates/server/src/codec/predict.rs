@@ -6,48 +6,97 @@ use std::fmt;
 use inferd_core::{Tensor, TensorSpec};
 use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
 use serde::ser::SerializeMap;
-use serde::{Deserialize, Serialize, Serializer};
-use serde_json::value::RawValue;
+use serde::{Serialize, Serializer};
 
 use super::json::{Budget, NestedJson, TensorSeed};
 use super::{check_json_depth, names, quoted, CodecError, Limits};
 
 /// A `/predict` body: one input as `input`, or several by name in `inputs`. Tensors are nested arrays, one
-/// array per row. Parsed first with each tensor's text left as it is; [`decode_predict`] then decodes those.
-#[derive(Debug, utoipa::ToSchema)]
+/// array per row. The body decodes into this in one pass, each tensor straight into typed bytes
+/// ([`decode_predict`]).
+#[derive(Debug, Default, utoipa::ToSchema)]
 #[schema(example = json!({"input": [[0.0, 0.5, 1.0]]}))]
-pub struct PredictRequest<'a> {
+pub struct PredictRequest {
     /// The model's only input, as nested arrays (rows first).
     #[schema(value_type = Option<Vec<Value>>)]
-    pub input: Option<&'a RawValue>,
+    pub input: Option<Tensor>,
     /// Several inputs by name.
     #[schema(value_type = Option<std::collections::HashMap<String, Vec<Value>>>)]
-    pub inputs: Option<Vec<(String, &'a RawValue)>>,
+    pub inputs: Option<NamedTensors>,
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for PredictRequest<'a> {
-    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(PredictRequestVisitor)
+/// Inputs given by name, decoded: (the input's position among the model's inputs, its tensor).
+#[derive(Debug, Default)]
+pub struct NamedTensors(pub Vec<(usize, Tensor)>);
+
+/// Decodes a `/predict` body into one tensor per spec, in the specs' order, within `limits`: rows and elements
+/// past the limits stop the decoding where they are met.
+pub fn decode_predict(body: &[u8], specs: &[TensorSpec], limits: &Limits) -> Result<Vec<Tensor>, CodecError> {
+    check_json_depth(body, limits.max_json_depth)?;
+    let mut budget = Budget::new(*limits);
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let decoded = PredictBody { specs, budget: &mut budget }.deserialize(&mut de).and_then(|r| de.end().map(|()| r));
+    let request = decoded.map_err(|e| budget.over.take().unwrap_or_else(|| CodecError::Invalid(e.to_string())))?;
+    let mut slots: Vec<Option<Tensor>> = vec![None; specs.len()];
+    if let Some(t) = request.input {
+        slots[0] = Some(t);
+    }
+    for (i, t) in request.inputs.map(|n| n.0).unwrap_or_default() {
+        if slots[i].replace(t).is_some() {
+            return Err(CodecError::Invalid(format!("input `{}` is given twice", specs[i].name)));
+        }
+    }
+    specs
+        .iter()
+        .zip(slots)
+        .map(|(spec, t)| t.ok_or_else(|| CodecError::Invalid(format!("missing input `{}`", spec.name))))
+        .collect()
+}
+
+/// Decodes a body into a [`PredictRequest`] for a model of `specs`.
+struct PredictBody<'a, 'b> {
+    specs: &'a [TensorSpec],
+    budget: &'b mut Budget,
+}
+
+impl<'de> DeserializeSeed<'de> for PredictBody<'_, '_> {
+    type Value = PredictRequest;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
     }
 }
 
-struct PredictRequestVisitor;
-
-impl<'de> Visitor<'de> for PredictRequestVisitor {
-    type Value = PredictRequest<'de>;
+impl<'de> Visitor<'de> for PredictBody<'_, '_> {
+    type Value = PredictRequest;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON object with `input` (an array) or `inputs` (an object of named arrays)")
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut request = PredictRequest { input: None, inputs: None };
+        let specs = self.specs;
+        let mut request = PredictRequest::default();
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
             match key.as_ref() {
-                "input" if request.input.is_some() => return Err(de::Error::custom("input `input` is given twice")),
-                "input" => request.input = Some(map.next_value()?),
+                "input" => {
+                    if specs.len() != 1 {
+                        return Err(de::Error::custom(format!(
+                            "this model takes {} inputs ({}): send them by name in `inputs`",
+                            specs.len(),
+                            names(specs)
+                        )));
+                    }
+                    if request.input.is_some() {
+                        return Err(de::Error::custom(format!("input `{}` is given twice", specs[0].name)));
+                    }
+                    request.input = Some(map.next_value_seed(TensorSeed { spec: &specs[0], budget: self.budget })?);
+                }
                 "inputs" if request.inputs.is_some() => return Err(de::Error::custom("`inputs` is given twice")),
-                "inputs" => request.inputs = Some(map.next_value_seed(NamedInputs)?),
+                "inputs" => {
+                    let named = map.next_value_seed(NamedInputs { specs, budget: self.budget })?;
+                    request.inputs = Some(named);
+                }
                 other => {
                     return Err(de::Error::custom(format!(
                         "unknown field `{}`: expected `input` or `inputs`",
@@ -60,73 +109,45 @@ impl<'de> Visitor<'de> for PredictRequestVisitor {
     }
 }
 
-/// `inputs`: name → tensor text, in the body's order, repeats kept so that they can be refused.
-struct NamedInputs;
+/// `inputs`: each named input decoded with its spec as it comes.
+struct NamedInputs<'a, 'b> {
+    specs: &'a [TensorSpec],
+    budget: &'b mut Budget,
+}
 
-impl<'de> DeserializeSeed<'de> for NamedInputs {
-    type Value = Vec<(String, &'de RawValue)>;
+impl<'de> DeserializeSeed<'de> for NamedInputs<'_, '_> {
+    type Value = NamedTensors;
 
     fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_map(self)
     }
 }
 
-impl<'de> Visitor<'de> for NamedInputs {
-    type Value = Vec<(String, &'de RawValue)>;
+impl<'de> Visitor<'de> for NamedInputs<'_, '_> {
+    type Value = NamedTensors;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object of named inputs")
+        write!(f, "an object of named inputs ({})", names(self.specs))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut inputs = Vec::new();
-        while let Some(name) = map.next_key::<String>()? {
-            inputs.push((name, map.next_value()?));
+        let mut named: Vec<(usize, Tensor)> = Vec::with_capacity(self.specs.len());
+        while let Some(name) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            let Some(i) = self.specs.iter().position(|s| s.name == name) else {
+                return Err(de::Error::custom(format!(
+                    "this model has no input `{}` (it takes {})",
+                    quoted(&name),
+                    names(self.specs)
+                )));
+            };
+            if named.iter().any(|&(j, _)| j == i) {
+                return Err(de::Error::custom(format!("input `{name}` is given twice")));
+            }
+            let spec = &self.specs[i];
+            named.push((i, map.next_value_seed(TensorSeed { spec, budget: &mut *self.budget })?));
         }
-        Ok(inputs)
+        Ok(NamedTensors(named))
     }
-}
-
-/// Decodes a `/predict` body into one tensor per spec, in the specs' order, within `limits`: rows and elements
-/// past the limits stop the decoding where they are met.
-pub fn decode_predict(body: &[u8], specs: &[TensorSpec], limits: &Limits) -> Result<Vec<Tensor>, CodecError> {
-    check_json_depth(body, limits.max_json_depth)?;
-    let invalid = |e: serde_json::Error| CodecError::Invalid(e.to_string());
-    let request: PredictRequest<'_> = serde_json::from_slice(body).map_err(invalid)?;
-    let mut texts: Vec<Option<&RawValue>> = vec![None; specs.len()];
-    if let Some(text) = request.input {
-        if specs.len() != 1 {
-            return Err(CodecError::Invalid(format!(
-                "this model takes {} inputs ({}): send them by name in `inputs`",
-                specs.len(),
-                names(specs)
-            )));
-        }
-        texts[0] = Some(text);
-    }
-    for (name, text) in request.inputs.unwrap_or_default() {
-        let Some(i) = specs.iter().position(|s| s.name == name) else {
-            return Err(CodecError::Invalid(format!(
-                "this model has no input `{}` (it takes {})",
-                quoted(&name),
-                names(specs)
-            )));
-        };
-        if texts[i].replace(text).is_some() {
-            return Err(CodecError::Invalid(format!("input `{}` is given twice", specs[i].name)));
-        }
-    }
-    let mut budget = Budget::new(*limits);
-    specs
-        .iter()
-        .zip(texts)
-        .map(|(spec, text)| {
-            let text = text.ok_or_else(|| CodecError::Invalid(format!("missing input `{}`", spec.name)))?;
-            let mut de = serde_json::Deserializer::from_str(text.get());
-            let decoded = TensorSeed { spec, budget: &mut budget }.deserialize(&mut de);
-            decoded.map_err(|e| budget.over.take().unwrap_or_else(|| invalid(e)))
-        })
-        .collect()
 }
 
 /// A `/predict` answer.
