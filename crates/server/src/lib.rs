@@ -73,7 +73,8 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let config = self.config;
-        let repository = Repository::open(&config.repository(), config.default_model.as_deref())?;
+        let repository_dir = config.repository();
+        let repository = Repository::open(&repository_dir, config.default_model.as_deref())?;
         let settings = engine_settings(&config, &repository, self.engine_builder);
         let gpu = GpuMonitor::new(self.gpu_probe.unwrap_or_else(gpu::system_probe));
         gpu.refresh().await;
@@ -83,7 +84,7 @@ impl Server {
         load_in_background(&state, settings);
 
         let addr = listener.local_addr()?;
-        tracing::info!(%addr, repository = %config.repository().display(), models = models.len(), "listening");
+        tracing::info!(%addr, repository = %repository_dir.display(), models = models.len(), "listening");
         let drain = state.drain().clone();
         let flush = {
             let models = models.clone();

@@ -65,19 +65,16 @@ impl Limits {
         ))
     }
 
-    /// Refuses, before anything is decoded for it, an input whose stated shape is over the limits, given the
-    /// elements the request's earlier inputs hold.
-    fn check_shape(&self, shape: &[usize], elements_before: usize) -> Result<usize, CodecError> {
-        let rows = shape.first().copied().unwrap_or(1);
+    /// Refuses, before anything is decoded for it, an input of `rows` rows and `count` elements that is over the
+    /// limits, given the elements the request's earlier inputs hold. Returns the request's elements so far.
+    fn check_input(&self, rows: usize, count: usize, elements_before: usize) -> Result<usize, CodecError> {
         if rows > self.max_rows {
             return Err(self.rows_error(rows));
         }
-        let elements = inferd_core::element_count(shape)
-            .ok()
-            .and_then(|n| n.checked_add(elements_before))
+        count
+            .checked_add(elements_before)
             .filter(|&n| n <= self.max_elements)
-            .ok_or_else(|| self.elements_error(format_args!("more than {}", self.max_elements)))?;
-        Ok(elements)
+            .ok_or_else(|| self.elements_error(format_args!("more than {}", self.max_elements)))
     }
 }
 

@@ -178,8 +178,9 @@ fn decode_input(
         return Err(invalid(format!("shape {} does not fit the model's {:?}", shape_text(&shape), spec.shape)));
     }
     let count = element_count(&shape).map_err(|e| invalid(format!("{e}")))?;
-    let elements =
-        limits.check_shape(&shape, elements_before).map_err(|e| e.context(format_args!("input `{name}`")))?;
+    let elements = limits
+        .check_input(shape.first().copied().unwrap_or(1), count, elements_before)
+        .map_err(|e| e.context(format_args!("input `{name}`")))?;
     let tensor = match (input.parameters.binary_data_size, input.data) {
         (Some(size), None) => {
             if datatype != spec.datatype {
