@@ -20,10 +20,22 @@ use tokio::sync::oneshot;
 
 use crate::policy::{decide, Candidate, Decision, Policy};
 
-/// One request: inputs in the order of the model's metadata, all with the same rows along dim 0.
+/// One request's inputs.
+#[derive(Debug)]
+pub enum Inputs {
+    /// Inputs in the order of the model's metadata, all with the same rows along dim 0. A request with more rows
+    /// than `max_batch_size` is split, and its pieces batched separately.
+    Rows(Vec<Tensor>),
+    /// A text model's sequences: for each, its token inputs in the order of the model's metadata, each
+    /// `[rows, seq]` with its own `seq`. Each is queued on its own, so that the policy can batch it with
+    /// sequences of a similar length; the outputs come back in order.
+    Sequences(Vec<Vec<Tensor>>),
+}
+
+/// One request.
 #[derive(Debug)]
 pub struct InferRequest {
-    pub inputs: Vec<Tensor>,
+    pub inputs: Inputs,
     /// The latest instant the request may start running; it is answered [`BatchError::DeadlineExceeded`] after.
     pub deadline: Option<Instant>,
     /// The request's span (its request id, for one): the worker thread logs what happens to the request in it,
@@ -34,7 +46,12 @@ pub struct InferRequest {
 impl InferRequest {
     /// A request with no deadline, in the current span.
     pub fn new(inputs: Vec<Tensor>) -> Self {
-        InferRequest { inputs, deadline: None, span: tracing::Span::current() }
+        InferRequest { inputs: Inputs::Rows(inputs), deadline: None, span: tracing::Span::current() }
+    }
+
+    /// A text model's request of one or more sequences, with no deadline, in the current span.
+    pub fn sequences(sequences: Vec<Vec<Tensor>>) -> Self {
+        InferRequest { inputs: Inputs::Sequences(sequences), deadline: None, span: tracing::Span::current() }
     }
 
     pub fn with_deadline(mut self, deadline: Option<Instant>) -> Self {
@@ -55,6 +72,10 @@ pub trait BatchObserver: Send + Sync {
     fn request_started(&self, queue_time: Duration);
     /// `rows` ran for `compute_time`; `ok` is false when the engine failed or panicked.
     fn batch_done(&self, rows: usize, compute_time: Duration, ok: bool);
+    /// A text batch is about to run: `real` tokens, padded to `padded`. Nothing by default.
+    fn tokens_batched(&self, real: usize, padded: usize) {
+        let _ = (real, padded);
+    }
 }
 
 /// The answer to one request.
@@ -96,6 +117,9 @@ pub struct Stats {
     pub batches: AtomicU64,
     pub rows: AtomicU64,
     pub failed_batches: AtomicU64,
+    /// Text models: tokens of the sequences batched, and what padding made of them.
+    pub tokens: AtomicU64,
+    pub padded_tokens: AtomicU64,
 }
 
 /// The handle to one model's queue and workers. Cloning is cheap; when the last clone is dropped the threads
@@ -118,6 +142,8 @@ struct Shared {
     name: String,
     metadata: ModelMetadata,
     policy: Policy,
+    /// A text model: inputs are token sequences, padded along dim 1 when batched.
+    sequences: bool,
     max_queue_size: usize,
     /// The model's own queue deadline (`timeout_ms`), if any.
     timeout: Option<Duration>,
@@ -154,6 +180,8 @@ struct State {
 struct Pending {
     inputs: Vec<Tensor>,
     rows: usize,
+    /// Text models: the sequence length (dim 1) of its rows; 0 otherwise.
+    seq_len: usize,
     /// Data types and non-batch dimensions: requests batch only with equal keys.
     key: Vec<(DataType, Vec<usize>)>,
     enqueued_at: Instant,
@@ -203,10 +231,12 @@ impl Batcher {
         let Some(first) = engines.first() else {
             return Err(std::io::Error::other(format!("model `{name}`: no engine instance to run")));
         };
+        let sequences = first.metadata().text.is_some();
         let shared = Arc::new(Shared {
             name: name.to_owned(),
             metadata: first.metadata().clone(),
-            policy: Policy::from_config(config),
+            policy: Policy::from_config(config, sequences),
+            sequences,
             max_queue_size: config.max_queue_size,
             timeout: (config.timeout_ms > 0).then(|| Duration::from_millis(config.timeout_ms)),
             state: Mutex::new(State {
@@ -267,23 +297,27 @@ impl Batcher {
     }
 
     /// Queues a request and waits for its answer. A request with more rows than `max_batch_size` is split into
-    /// pieces that are batched separately; their outputs are put back together in order.
+    /// pieces that are batched separately, as are a text request's sequences; their outputs are put back
+    /// together in order.
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, BatchError> {
         let shared = &self.shared;
-        let rows = shared.check(&request.inputs)?;
-        let max = shared.policy.max_batch_size;
-        let pieces: Vec<Vec<Tensor>> = if rows <= max {
-            vec![request.inputs]
-        } else {
-            let counts = piece_rows(rows, max);
-            let mut split: Vec<Vec<Tensor>> = counts.iter().map(|_| Vec::with_capacity(request.inputs.len())).collect();
-            for input in &request.inputs {
-                let parts = input.split_rows(&counts).map_err(|e| BatchError::InvalidInput(e.to_string()))?;
-                for (piece, part) in split.iter_mut().zip(parts) {
-                    piece.push(part);
+        let pieces: Vec<Vec<Tensor>> = match request.inputs {
+            Inputs::Rows(inputs) => shared.pieces(inputs)?,
+            Inputs::Sequences(sequences) => {
+                if sequences.is_empty() {
+                    return Err(BatchError::InvalidInput("the request has no sequences".into()));
                 }
+                let max = shared.policy.max_batch_size;
+                for sequence in &sequences {
+                    let rows = shared.check(sequence)?;
+                    if rows > max {
+                        return Err(BatchError::InvalidInput(format!(
+                            "a sequence entry of {rows} rows is more than max_batch_size ({max})"
+                        )));
+                    }
+                }
+                sequences
             }
-            split
         };
         let now = Instant::now();
         let span = request.span;
@@ -306,11 +340,15 @@ impl Batcher {
                 .into_iter()
                 .map(|inputs| {
                     let (reply, rx) = oneshot::channel();
-                    let key = inputs.iter().map(|t| (t.dtype(), t.shape()[1..].to_vec())).collect();
+                    // A text model's sequences batch whatever their length: dim 1 is left out of the key.
+                    let key_from = if shared.sequences { 2 } else { 1 };
+                    let key = inputs.iter().map(|t| (t.dtype(), t.shape()[key_from..].to_vec())).collect();
                     let rows = inputs[0].rows();
+                    let seq_len = if shared.sequences { inputs[0].shape()[1] } else { 0 };
                     state.queue.push_back(Pending {
                         inputs,
                         rows,
+                        seq_len,
                         key,
                         enqueued_at: now,
                         deadline,
@@ -400,6 +438,25 @@ fn piece_rows(rows: usize, max: usize) -> Vec<usize> {
 }
 
 impl Shared {
+    /// Checks a request of rows against the model's inputs, and splits it into pieces of at most
+    /// `max_batch_size` rows.
+    fn pieces(&self, inputs: Vec<Tensor>) -> Result<Vec<Vec<Tensor>>, BatchError> {
+        let rows = self.check(&inputs)?;
+        let max = self.policy.max_batch_size;
+        if rows <= max {
+            return Ok(vec![inputs]);
+        }
+        let counts = piece_rows(rows, max);
+        let mut split: Vec<Vec<Tensor>> = counts.iter().map(|_| Vec::with_capacity(inputs.len())).collect();
+        for input in &inputs {
+            let parts = input.split_rows(&counts).map_err(|e| BatchError::InvalidInput(e.to_string()))?;
+            for (piece, part) in split.iter_mut().zip(parts) {
+                piece.push(part);
+            }
+        }
+        Ok(split)
+    }
+
     /// Checks a request against the model's inputs; returns its rows.
     fn check(&self, inputs: &[Tensor]) -> Result<usize, BatchError> {
         let specs = &self.metadata.inputs;
@@ -433,6 +490,14 @@ impl Shared {
         }
         if rows == 0 {
             return Err(BatchError::InvalidInput("the request has no rows".into()));
+        }
+        if self.sequences {
+            let seq = inputs.first().and_then(|t| t.shape().get(1)).copied().unwrap_or(0);
+            if seq == 0 || inputs.iter().any(|t| t.shape().get(1) != Some(&seq)) {
+                return Err(BatchError::InvalidInput(
+                    "a sequence needs at least one token, and every token input the same length".into(),
+                ));
+            }
         }
         Ok(rows)
     }
@@ -485,7 +550,12 @@ impl Shared {
             let candidates: Vec<Candidate<&ShapeKey>> = state
                 .queue
                 .iter()
-                .map(|p| Candidate { rows: p.rows, key: p.key.as_slice(), enqueued_at: p.enqueued_at })
+                .map(|p| Candidate {
+                    rows: p.rows,
+                    seq_len: p.seq_len,
+                    key: p.key.as_slice(),
+                    enqueued_at: p.enqueued_at,
+                })
                 .collect();
             match decide(&candidates, &self.policy, now, state.flush) {
                 Decision::Run { positions, rows, reason } => {
@@ -554,10 +624,19 @@ impl Shared {
                 observer.request_started(started.saturating_duration_since(p.enqueued_at));
             }
         }
+        if self.sequences {
+            let real: usize = batch.iter().map(|p| p.rows * p.seq_len).sum();
+            let padded = rows * batch.iter().map(|p| p.seq_len).max().unwrap_or(0);
+            self.stats.tokens.fetch_add(real as u64, Ordering::Relaxed);
+            self.stats.padded_tokens.fetch_add(padded as u64, Ordering::Relaxed);
+            if let Some(observer) = &self.observer {
+                observer.tokens_batched(real, padded);
+            }
+        }
         let result = if batch.len() == 1 {
             run_engine(engine, &batch[0].inputs)
         } else {
-            match concat_inputs(&batch) {
+            match concat_inputs(&batch, self.sequences) {
                 Ok(inputs) => run_engine(engine, &inputs),
                 Err(e) => Err(e),
             }
@@ -626,12 +705,14 @@ impl Shared {
     }
 }
 
-fn concat_inputs(batch: &[Pending]) -> Result<Vec<Tensor>, BatchError> {
+/// Joins the batch's inputs along dim 0; token sequences are padded with zeros to the batch's longest.
+fn concat_inputs(batch: &[Pending], sequences: bool) -> Result<Vec<Tensor>, BatchError> {
     let n = batch.first().map_or(0, |p| p.inputs.len());
     (0..n)
         .map(|i| {
             let parts: Vec<&Tensor> = batch.iter().map(|p| &p.inputs[i]).collect();
-            Tensor::concat_rows(&parts).map_err(|e| BatchError::Engine(format!("batching inputs: {e}")))
+            let joined = if sequences { Tensor::concat_rows_padded(&parts) } else { Tensor::concat_rows(&parts) };
+            joined.map_err(|e| BatchError::Engine(format!("batching inputs: {e}")))
         })
         .collect()
 }

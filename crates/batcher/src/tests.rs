@@ -101,6 +101,7 @@ fn fixture(batching: BatchingConfig, gate_open: bool) -> Fixture {
         device: "cpu".into(),
         precision: Precision::Fp32,
         platform: "test",
+        text: None,
     };
     let seen = Arc::new(Mutex::new(Vec::new()));
     let gate = Arc::new(Gate::default());

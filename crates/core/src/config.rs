@@ -37,6 +37,58 @@ pub struct ModelConfig {
     pub outputs: Vec<TensorSpec>,
     pub onnx: OnnxOptions,
     pub candle: Option<CandleOptions>,
+    pub task: Task,
+    /// A text model's settings from `model.toml`; the folder's own files fill in what they leave out.
+    pub text: TextOverrides,
+}
+
+/// What a model does with its inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Task {
+    /// Tensors in, tensors out.
+    #[default]
+    Tensors,
+    /// Texts in, one embedding vector per text out.
+    Embed,
+}
+
+impl Task {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Task::Tensors => "tensors",
+            Task::Embed => "embed",
+        }
+    }
+}
+
+/// How a text model turns its last hidden state into one vector per text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pooling {
+    /// The mean of the hidden states of the real (unpadded) tokens.
+    Mean,
+    /// The hidden state of the first token (`[CLS]`).
+    Cls,
+}
+
+impl Pooling {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+        }
+    }
+}
+
+/// A text model's settings as `model.toml` gives them (top-level keys); unset ones come from the folder's files.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TextOverrides {
+    /// `tokenizer.json`, resolved against the model's folder.
+    pub tokenizer: Option<PathBuf>,
+    pub pooling: Option<Pooling>,
+    pub normalize: Option<bool>,
+    pub max_seq_len: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -161,7 +213,12 @@ pub struct BatchingConfig {
     pub max_queue_size: usize,
     /// Queue deadline in milliseconds; 0 for none. A request may ask for less.
     pub timeout_ms: u64,
+    /// Text models: padded tokens (rows × the longest sequence) per batch at most.
+    pub max_batch_tokens: usize,
 }
+
+/// Default `max_batch_tokens`: 16 Ki tokens, 64 rows of 256.
+pub const DEFAULT_MAX_BATCH_TOKENS: usize = 16 * 1024;
 
 impl Default for BatchingConfig {
     fn default() -> Self {
@@ -171,6 +228,7 @@ impl Default for BatchingConfig {
             preferred_batch_sizes: Vec::new(),
             max_queue_size: 1024,
             timeout_ms: 0,
+            max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
         }
     }
 }
@@ -214,7 +272,7 @@ pub struct OnnxOptions {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CandleOptions {
-    /// The architecture: `mlp`.
+    /// The architecture: `mlp`, or `bert` (the default of a text model, configured by its `config.json`).
     pub architecture: String,
     /// `mlp`: the width of each layer, input first (`[64, 128, 10]`).
     #[serde(default)]
@@ -228,7 +286,7 @@ pub struct CandleOptions {
 #[serde(deny_unknown_fields)]
 struct RawModelConfig {
     backend: Backend,
-    file: PathBuf,
+    file: Option<PathBuf>,
     #[serde(default)]
     device: DeviceSpec,
     precision: Option<Precision>,
@@ -243,7 +301,16 @@ struct RawModelConfig {
     #[serde(default)]
     onnx: OnnxOptions,
     candle: Option<CandleOptions>,
+    #[serde(default)]
+    task: Task,
+    tokenizer: Option<PathBuf>,
+    pooling: Option<Pooling>,
+    normalize: Option<bool>,
+    max_seq_len: Option<usize>,
 }
+
+/// The weights a candle text model reads when `file` is not given: the hub's name.
+pub const DEFAULT_TEXT_WEIGHTS: &str = "model.safetensors";
 
 fn one() -> usize {
     1
@@ -266,11 +333,22 @@ impl ModelConfig {
         let path = dir.join(MODEL_CONFIG_FILE);
         let fail = |message: String| Error::config(&path, message);
         let raw: RawModelConfig = toml::from_str(text).map_err(|e| fail(one_line(&e.to_string())))?;
+        let file = match (raw.file, raw.backend, raw.task) {
+            (Some(file), _, _) => file,
+            (None, Backend::Candle, Task::Embed) => PathBuf::from(DEFAULT_TEXT_WEIGHTS),
+            (None, _, _) => return Err(fail("missing field `file`".into())),
+        };
+        let candle = match (raw.candle, raw.backend, raw.task) {
+            (None, Backend::Candle, Task::Embed) => {
+                Some(CandleOptions { architecture: "bert".into(), layers: Vec::new(), activations: Vec::new() })
+            }
+            (candle, _, _) => candle,
+        };
         let config = ModelConfig {
             name: name.to_owned(),
             dir: dir.to_path_buf(),
             backend: raw.backend,
-            file: dir.join(&raw.file),
+            file: dir.join(file),
             device: raw.device,
             precision: raw.precision,
             instances: raw.instances,
@@ -278,7 +356,14 @@ impl ModelConfig {
             inputs: raw.input,
             outputs: raw.output,
             onnx: raw.onnx,
-            candle: raw.candle,
+            candle,
+            task: raw.task,
+            text: TextOverrides {
+                tokenizer: raw.tokenizer.map(|t| dir.join(t)),
+                pooling: raw.pooling,
+                normalize: raw.normalize,
+                max_seq_len: raw.max_seq_len,
+            },
         };
         config.validate().map_err(fail)?;
         Ok(config)
@@ -309,6 +394,17 @@ impl ModelConfig {
                 "batching.preferred_batch_sizes: {bad} is not between 1 and max_batch_size ({})",
                 b.max_batch_size
             ));
+        }
+        if b.max_batch_tokens == 0 {
+            return Err("batching.max_batch_tokens: must be at least 1".into());
+        }
+        if self.task != Task::Embed && self.text != TextOverrides::default() {
+            return Err(
+                "tokenizer, pooling, normalize and max_seq_len belong to text models: add task = \"embed\"".into()
+            );
+        }
+        if self.text.max_seq_len == Some(0) {
+            return Err("max_seq_len: must be at least 1".into());
         }
         if b.max_queue_delay_us > 60_000_000 {
             return Err("batching.max_queue_delay_us: at most 60 s (60000000)".into());

@@ -3,6 +3,7 @@
 use crate::config::{Precision, TensorSpec};
 use crate::error::Result;
 use crate::tensor::Tensor;
+use crate::text::TextInfo;
 
 /// What a loaded model takes and gives, and where it runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -16,17 +17,27 @@ pub struct ModelMetadata {
     pub precision: Precision,
     /// The engine, in Triton's words: `onnxruntime_onnx` or `candle`.
     pub platform: &'static str,
+    /// A text model: its inputs are token sequences (`INT64 [rows, seq]`, see [`crate::text`]) whose `seq` may
+    /// differ between requests; a batch pads them with zeros to its longest, the attention mask marking the
+    /// padding, and its one output is the pooled embedding.
+    pub text: Option<TextInfo>,
 }
 
 impl ModelMetadata {
-    /// Inputs of `rows` rows with every variable non-batch dimension set to 1: what warm-up runs.
+    /// Inputs of `rows` rows with every variable non-batch dimension set to 1: what warm-up runs. A text model
+    /// is warmed with sequences of its longest length, all tokens real, so warm-up sees its largest shapes.
     pub fn warm_up_inputs(&self, rows: usize) -> Result<Vec<Tensor>> {
         self.inputs
             .iter()
             .map(|spec| {
-                let shape = std::iter::once(rows)
-                    .chain(spec.row_dims().iter().map(|&d| usize::try_from(d).unwrap_or(1)))
+                let variable = self.text.as_ref().map_or(1, |t| t.max_seq_len);
+                let shape: Vec<usize> = std::iter::once(rows)
+                    .chain(spec.row_dims().iter().map(|&d| usize::try_from(d).unwrap_or(variable)))
                     .collect();
+                if self.text.is_some() && spec.name == crate::text::ATTENTION_MASK {
+                    let ones = vec![1i64; crate::tensor::element_count(&shape)?];
+                    return Tensor::from_slice(shape, &ones);
+                }
                 Tensor::zeros(spec.datatype, shape)
             })
             .collect()

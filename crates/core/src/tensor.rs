@@ -175,6 +175,45 @@ impl Tensor {
         Ok(Tensor { dtype: first.dtype, shape, data })
     }
 
+    /// Joins fixed-size tensors of rank 2 or more along dim 0, padding each part's dim 1 with zeros to the longest:
+    /// how token sequences of different lengths share a batch. Dimensions after the second must match.
+    pub fn concat_rows_padded(parts: &[&Tensor]) -> Result<Tensor> {
+        let Some(first) = parts.first() else {
+            return Err(Error::InvalidInput("nothing to concatenate".into()));
+        };
+        let Some(size) = first.dtype.size().filter(|_| first.shape.len() >= 2) else {
+            return Err(Error::InvalidInput(format!(
+                "padding joins fixed-size tensors of rank 2 or more, not {} {:?}",
+                first.dtype, first.shape
+            )));
+        };
+        let mut rows = 0usize;
+        let mut longest = 0usize;
+        for part in parts {
+            if part.dtype != first.dtype || part.shape.len() != first.shape.len() || part.shape[2..] != first.shape[2..] {
+                return Err(Error::InvalidInput(format!(
+                    "cannot pad and concatenate {} {:?} with {} {:?}",
+                    first.dtype, first.shape, part.dtype, part.shape
+                )));
+            }
+            rows += part.shape[0];
+            longest = longest.max(part.shape[1]);
+        }
+        let inner: usize = first.shape[2..].iter().product::<usize>() * size;
+        let mut shape = first.shape.clone();
+        shape[0] = rows;
+        shape[1] = longest;
+        let mut out = Vec::with_capacity(element_count(&shape)? * size);
+        for part in parts {
+            let row_bytes = part.shape[1] * inner;
+            for row in part.raw_bytes().unwrap_or_default().chunks_exact(row_bytes.max(1)).take(part.shape[0]) {
+                out.extend_from_slice(row);
+                out.resize(out.len() + (longest - part.shape[1]) * inner, 0);
+            }
+        }
+        Tensor::new(first.dtype, shape, out)
+    }
+
     /// Splits along dim 0 into consecutive pieces of `counts` rows each, copying whole rows. The counts must add
     /// up to the number of rows.
     pub fn split_rows(&self, counts: &[usize]) -> Result<Vec<Tensor>> {
@@ -268,6 +307,19 @@ mod tests {
         assert_eq!(joined.shape(), &[2, 2]);
         assert_eq!(joined.byte_strings().map(<[Vec<u8>]>::len), Some(4));
         assert_eq!(joined.split_rows(&[1, 1]).expect("valid"), vec![a, b]);
+    }
+
+    #[test]
+    fn padded_concat_fills_the_shorter_sequences_with_zeros() {
+        let a = Tensor::from_slice(vec![1, 3], &[1i64, 2, 3]).expect("valid");
+        let b = Tensor::from_slice(vec![2, 1], &[4i64, 5]).expect("valid");
+        let joined = Tensor::concat_rows_padded(&[&a, &b]).expect("same rank");
+        assert_eq!(joined.shape(), &[3, 3]);
+        assert_eq!(joined.to_vec::<i64>().expect("i64"), vec![1, 2, 3, 4, 0, 0, 5, 0, 0]);
+        let c = Tensor::from_slice(vec![3], &[1i64, 2, 3]).expect("valid");
+        assert!(Tensor::concat_rows_padded(&[&c]).is_err());
+        let d = Tensor::from_slice(vec![1, 1], &[1i32]).expect("valid");
+        assert!(Tensor::concat_rows_padded(&[&a, &d]).is_err());
     }
 
     #[test]
