@@ -1,14 +1,19 @@
 //! inferd-candle: the [`Engine`] on candle. Weights come from safetensors files; architectures are built in
-//! (`mlp` so far). Runs on the CPU, or on `cuda:N` in builds with the `cuda` feature.
+//! (`mlp`, and `bert` for text models). Runs on the CPU, or on `cuda:N` in builds with the `cuda` feature.
+
+mod bert;
 
 use std::path::Path;
 
 use candle_core::{DType, Device, Module};
 use candle_nn::{Linear, VarBuilder};
+use inferd_core::text::{TextSettings, ATTENTION_MASK, EMBEDDING_OUTPUT, INPUT_IDS, TOKEN_TYPE_IDS};
 use inferd_core::{
-    CandleOptions, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Precision, Result, Tensor,
+    CandleOptions, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Precision, Result, Task, Tensor,
     TensorSpec,
 };
+
+use crate::bert::Bert;
 
 /// One loaded candle model: what one worker thread owns.
 pub struct CandleEngine {
@@ -16,7 +21,13 @@ pub struct CandleEngine {
     device: Device,
     /// The dtype weights are held and computed in.
     dtype: DType,
-    mlp: Mlp,
+    model: Architecture,
+}
+
+/// The built-in architectures.
+enum Architecture {
+    Mlp(Mlp),
+    Bert(Bert),
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -127,13 +138,28 @@ impl CandleEngine {
     pub fn load(config: &ModelConfig, default_precision: Precision) -> Result<CandleEngine> {
         let toml = config.dir.join(inferd_core::MODEL_CONFIG_FILE);
         let options = config.candle.as_ref().ok_or_else(|| Error::config(&toml, "candle: missing [candle] table"))?;
-        if options.architecture != "mlp" {
-            return Err(Error::config(
-                &toml,
-                format!("candle.architecture: unknown architecture `{}` (expected mlp)", options.architecture),
-            ));
-        }
-        let activations = mlp_shape(options).map_err(|m| Error::config(&toml, m))?;
+        let text = match (options.architecture.as_str(), config.task) {
+            ("mlp", Task::Tensors) => None,
+            ("bert", Task::Embed) => Some(TextSettings::resolve(config)?),
+            ("mlp" | "bert", task) => {
+                return Err(Error::config(
+                    &toml,
+                    format!("candle.architecture: `{}` does not serve task = \"{}\"", options.architecture, task.as_str()),
+                ))
+            }
+            (other, _) => {
+                return Err(Error::config(
+                    &toml,
+                    format!("candle.architecture: unknown architecture `{other}` (expected mlp or bert)"),
+                ))
+            }
+        };
+        // Read everything that can be wrong with the files before a device is touched.
+        let bert_config = text.as_ref().map(|_| bert::read_config(&config.dir)).transpose()?;
+        let activations = match text {
+            None => mlp_shape(options).map_err(|m| Error::config(&toml, m))?,
+            Some(_) => Vec::new(),
+        };
         let device = select_device(config.device, &config.name)?;
         let precision = match config.precision {
             Some(p) => p,
@@ -141,13 +167,37 @@ impl CandleEngine {
             None => Precision::Fp32,
         };
         let dtype = dtype_of(precision);
-        let mlp = load_mlp(&config.file, options, &activations, dtype, &device)?;
-        let (inputs, outputs) = mlp_specs(config, options).map_err(|m| Error::config(&toml, m))?;
+        let (model, inputs, outputs, text) = match (text, bert_config) {
+            (Some(settings), Some(bert_config)) => {
+                let bert = Bert::load(&config.file, bert_config, settings.pooling, dtype, &device)?;
+                let hidden = bert.config.hidden_size;
+                let vocab = bert.config.vocab_size;
+                let token = |name: &str| TensorSpec { name: name.into(), datatype: DataType::Int64, shape: vec![-1, -1] };
+                let inputs = vec![token(INPUT_IDS), token(ATTENTION_MASK), token(TOKEN_TYPE_IDS)];
+                let outputs =
+                    vec![TensorSpec { name: EMBEDDING_OUTPUT.into(), datatype: DataType::Fp32, shape: vec![-1, hidden as i64] }];
+                let mut info = settings.info(hidden);
+                info.vocab_size = Some(vocab);
+                (Architecture::Bert(bert), inputs, outputs, Some(info))
+            }
+            _ => {
+                let mlp = load_mlp(&config.file, options, &activations, dtype, &device)?;
+                let (inputs, outputs) = mlp_specs(config, options).map_err(|m| Error::config(&toml, m))?;
+                (Architecture::Mlp(mlp), inputs, outputs, None)
+            }
+        };
         Ok(CandleEngine {
-            metadata: ModelMetadata { inputs, outputs, device: device_name(&device), precision, platform: "candle" },
+            metadata: ModelMetadata {
+                inputs,
+                outputs,
+                device: device_name(&device),
+                precision,
+                platform: "candle",
+                text,
+            },
             device,
             dtype,
-            mlp,
+            model,
         })
     }
 }
@@ -259,13 +309,42 @@ impl Engine for CandleEngine {
     }
 
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-        let input = inputs.first().ok_or_else(|| Error::InvalidInput("an mlp takes one input".into()))?;
-        let x = to_candle(input, &self.device)?.to_dtype(self.dtype).map_err(Error::engine)?;
-        let y = self.mlp.forward(x).map_err(Error::engine)?;
-        let out = &self.metadata.outputs[0];
-        // Cast back on the device, before the copy to the host.
-        let y = y.to_dtype(dtype_of_output(out.datatype)).map_err(Error::engine)?;
-        Ok(vec![from_candle(&y, out.datatype)?])
+        match &self.model {
+            Architecture::Mlp(mlp) => {
+                let input = inputs.first().ok_or_else(|| Error::InvalidInput("an mlp takes one input".into()))?;
+                let x = to_candle(input, &self.device)?.to_dtype(self.dtype).map_err(Error::engine)?;
+                let y = mlp.forward(x).map_err(Error::engine)?;
+                let out = &self.metadata.outputs[0];
+                // Cast back on the device, before the copy to the host.
+                let y = y.to_dtype(dtype_of_output(out.datatype)).map_err(Error::engine)?;
+                Ok(vec![from_candle(&y, out.datatype)?])
+            }
+            Architecture::Bert(bert) => {
+                let [ids, mask, types] = inputs else {
+                    return Err(Error::InvalidInput("a bert model takes input_ids, attention_mask and token_type_ids".into()));
+                };
+                let vocab = bert.config.vocab_size as i64;
+                let type_vocab = bert.config.type_vocab_size as i64;
+                let ids = token_ids(ids, vocab, INPUT_IDS)?;
+                let types = token_ids(types, type_vocab, TOKEN_TYPE_IDS)?;
+                let shape = inputs[0].shape().to_vec();
+                let tensor = |values: Vec<i64>| {
+                    candle_core::Tensor::from_vec(values, shape.clone(), &self.device).map_err(Error::engine)
+                };
+                let mask = tensor(mask.to_vec::<i64>()?)?;
+                let pooled = bert.forward(&tensor(ids)?, &mask, &tensor(types)?).map_err(Error::engine)?;
+                Ok(vec![from_candle(&pooled, DataType::Fp32)?])
+            }
+        }
+    }
+}
+
+/// A token input's values, each checked to be below `limit`: an id out of range is the client's fault.
+fn token_ids(t: &Tensor, limit: i64, name: &str) -> Result<Vec<i64>> {
+    let values = t.to_vec::<i64>()?;
+    match values.iter().find(|&&v| !(0..limit).contains(&v)) {
+        Some(bad) => Err(Error::InvalidInput(format!("{name}: {bad} is not below the model's {limit}"))),
+        None => Ok(values),
     }
 }
 
