@@ -4,9 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
+use inferd_core::text::{pool, TextSettings, ATTENTION_MASK, EMBEDDING_OUTPUT, INPUT_IDS, TOKEN_INPUTS};
 use inferd_core::{
-    with_element_type, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Precision, Result, Tensor,
-    TensorSpec,
+    with_element_type, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Pooling, Precision, Result,
+    Task, Tensor, TensorSpec,
 };
 use ort::environment::Environment;
 use ort::ep::{self, ExecutionProvider};
@@ -75,6 +76,19 @@ fn loaded<'a>(runtime: &'a Runtime, asked: &Path) -> &'a Runtime {
 pub struct OnnxEngine {
     session: Session,
     metadata: ModelMetadata,
+    /// A text model: which graph output holds its embeddings, and how to pool them.
+    text: Option<TextGraph>,
+}
+
+/// How a text graph's output becomes one embedding per sequence.
+#[derive(Debug, Clone)]
+struct TextGraph {
+    /// The graph output read: a last hidden state `[rows, seq, dim]` or a sentence embedding `[rows, dim]`.
+    output: TensorSpec,
+    /// Pooled here when the output is a hidden state.
+    pooling: Pooling,
+    /// The position of `attention_mask` among the inputs.
+    mask: usize,
 }
 
 impl std::fmt::Debug for OnnxEngine {
@@ -124,7 +138,7 @@ impl OnnxEngine {
         };
         let inputs =
             specs_from_graph(config, "input", session.inputs().iter().map(|o| (o.name(), o.dtype())), &config.inputs)?;
-        let outputs = specs_from_graph(
+        let mut outputs = specs_from_graph(
             config,
             "output",
             session.outputs().iter().map(|o| (o.name(), o.dtype())),
@@ -147,9 +161,23 @@ impl OnnxEngine {
             Placement::Cpu => "cpu".to_owned(),
             Placement::Gpu { device, .. } => format!("cuda:{device}"),
         };
+        let (text, text_graph) = match config.task {
+            Task::Tensors => (None, None),
+            Task::Embed => {
+                let settings = TextSettings::resolve(config)?;
+                let (graph, dimensions) = text_graph(config, &inputs, &outputs, settings.pooling)?;
+                outputs = vec![TensorSpec {
+                    name: EMBEDDING_OUTPUT.into(),
+                    datatype: DataType::Fp32,
+                    shape: vec![-1, dimensions as i64],
+                }];
+                (Some(settings.info(dimensions)), Some(graph))
+            }
+        };
         Ok(OnnxEngine {
             session,
-            metadata: ModelMetadata { inputs, outputs, device, precision, platform: "onnxruntime_onnx" },
+            metadata: ModelMetadata { inputs, outputs, device, precision, platform: "onnxruntime_onnx", text },
+            text: text_graph,
         })
     }
 }
@@ -270,6 +298,69 @@ fn specs_from_graph<'a>(
     Ok(specs)
 }
 
+/// Checks that a text model's graph takes token inputs and gives embeddings; returns how to read them and their
+/// length.
+fn text_graph(
+    config: &ModelConfig,
+    inputs: &[TensorSpec],
+    outputs: &[TensorSpec],
+    pooling: Pooling,
+) -> Result<(TextGraph, usize)> {
+    let bad = |message: String| Error::Unsupported(format!("model `{}`: {message}", config.name));
+    for spec in inputs {
+        if !TOKEN_INPUTS.contains(&spec.name.as_str()) || spec.datatype != DataType::Int64 || spec.shape.len() != 2 {
+            return Err(bad(format!(
+                "a text model's graph takes INT64 [batch, sequence] token inputs named {}; it has {} `{}` {:?}",
+                TOKEN_INPUTS.join(", "),
+                spec.datatype,
+                spec.name,
+                spec.shape
+            )));
+        }
+    }
+    if !inputs.iter().any(|s| s.name == INPUT_IDS) {
+        return Err(bad(format!("a text model's graph needs an `{INPUT_IDS}` input")));
+    }
+    let mask = inputs.iter().position(|s| s.name == ATTENTION_MASK).ok_or_else(|| {
+        bad(format!(
+            "a text model's graph needs an `{ATTENTION_MASK}` input: without one, padding would change its results"
+        ))
+    })?;
+    let is_float = |s: &&TensorSpec| matches!(s.datatype, DataType::Fp32 | DataType::Fp16);
+    // A graph that pools by itself is used as it is; otherwise its hidden state is pooled here.
+    let output = outputs
+        .iter()
+        .filter(is_float)
+        .find(|s| s.shape.len() == 2)
+        .or_else(|| outputs.iter().filter(is_float).find(|s| s.shape.len() == 3))
+        .ok_or_else(|| {
+            bad("a text model's graph needs an FP32 or FP16 output [batch, dim] or [batch, sequence, dim]".into())
+        })?;
+    let dimensions = output
+        .shape
+        .last()
+        .and_then(|&d| usize::try_from(d).ok())
+        .ok_or_else(|| bad(format!("output `{}` has no fixed embedding length: {:?}", output.name, output.shape)))?;
+    Ok((TextGraph { output: output.clone(), pooling, mask }, dimensions))
+}
+
+/// A text graph's output as FP32 embeddings `[rows, dim]`, pooled with the attention mask when it is a hidden state.
+fn embeddings(graph: &TextGraph, value: &DynValue, mask: &Tensor) -> Result<Tensor> {
+    let out = from_ort(&graph.output, value)?;
+    let values: Vec<f32> = match out.dtype() {
+        DataType::Fp16 => out.to_vec::<half::f16>()?.into_iter().map(f32::from).collect(),
+        _ => out.to_vec::<f32>()?,
+    };
+    match *out.shape() {
+        [rows, dim] => Tensor::from_slice(vec![rows, dim], &values),
+        [rows, seq, dim] => {
+            let pooled = pool(&values, &mask.to_vec::<i64>()?, rows, seq, dim, graph.pooling)?;
+            Tensor::from_slice(vec![rows, dim], &pooled)
+        }
+        ref other => Err(Error::Engine(format!("output `{}` came back as {other:?}", graph.output.name))),
+    }
+}
+
 /// The precision a graph computes in: that of its first floating-point tensor.
 fn graph_precision(inputs: &[TensorSpec], outputs: &[TensorSpec]) -> Precision {
     match inputs.iter().chain(outputs).map(|s| s.datatype).find(|d| d.is_float()) {
@@ -330,6 +421,12 @@ impl Engine for OnnxEngine {
             .map(|(spec, t)| Ok((spec.name.as_str(), SessionInputValue::from(to_ort(t)?))))
             .collect::<Result<Vec<_>>>()?;
         let outputs = self.session.run(values).map_err(run_error)?;
+        if let Some(graph) = &self.text {
+            let value = outputs
+                .get(&graph.output.name)
+                .ok_or_else(|| Error::Engine(format!("ONNX Runtime returned no output `{}`", graph.output.name)))?;
+            return Ok(vec![embeddings(graph, value, &inputs[graph.mask])?]);
+        }
         self.metadata
             .outputs
             .iter()
