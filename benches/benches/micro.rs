@@ -51,6 +51,7 @@ fn binary_decode(c: &mut Criterion) {
             device: "cpu".into(),
             precision: Precision::Fp32,
             platform: "bench",
+            text: None,
         };
         let data: Vec<u8> = (0..rows * cols).flat_map(|i| (i as f32).to_le_bytes()).collect();
         let header = format!(

@@ -363,6 +363,7 @@ impl HeldEngine {
                 device: "cpu".into(),
                 precision: Precision::Fp32,
                 platform: "held",
+                text: None,
             };
             Ok(Box::new(HeldEngine { metadata, gate: gate.clone() }) as Box<dyn Engine>)
         })

@@ -110,12 +110,20 @@ pub struct ErrorBody {
 
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
+        self.respond(|message| ErrorBody { error: message })
+    }
+}
+
+impl AppError {
+    /// The error's answer with the body a protocol's clients expect, made from the message: the status and the
+    /// headers are the same on every protocol.
+    pub fn respond<B: Serialize>(self, body: impl FnOnce(String) -> B) -> Response {
         let status = self.status();
         if status.is_server_error() {
             tracing::warn!(status = status.as_u16(), error = %self.message, "request failed");
         }
         let kind = self.kind;
-        let mut response = (status, Json(ErrorBody { error: self.message })).into_response();
+        let mut response = (status, Json(body(self.message))).into_response();
         if matches!(kind, ErrorKind::Overloaded | ErrorKind::Unavailable) {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }

@@ -1,22 +1,25 @@
-//! The one inference path every protocol shares: decode the body (on the blocking pool when it is large), queue
-//! the request with the model's batcher in the request's span, encode the answer the same way. A protocol is a
-//! [`WireFormat`]: how its bodies decode into a request, and how answers encode.
+//! The one inference path every protocol shares: decode the body (on the blocking pool when it is large, or when
+//! a text model's tokenizer has texts to read), queue the request with the model's batcher in the request's span,
+//! encode the answer the same way. A protocol is a [`WireFormat`]: how its bodies decode into a [`Job`], and how
+//! answers encode.
 
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use inferd_batcher::{Batcher, InferRequest};
+use inferd_batcher::InferRequest;
 use inferd_core::Tensor;
 
-use crate::codec::{CodecError, Limits};
+use crate::codec::{quoted, CodecError, Limits};
 use crate::error::{AppError, ErrorKind};
+use crate::repository::Endpoint;
 use crate::state::AppState;
+use crate::text::{normalize_rows, TextJob, TextModel};
 
 /// Bodies above this size are decoded, and answers above it encoded, on the blocking pool rather than on the
 /// async runtime's threads.
-const INLINE_CODEC_BYTES: usize = 64 * 1024;
+pub(crate) const INLINE_CODEC_BYTES: usize = 64 * 1024;
 
 /// Response headers that say how a request was served.
 pub const BATCH_SIZE_HEADER: &str = "x-inferd-batch-size";
@@ -31,17 +34,37 @@ pub trait WireFormat: Send + 'static {
     /// The encoded answer.
     type Answer: Send + 'static;
 
-    /// Decodes a body into a request for `batcher`'s model, within `limits`.
-    fn decode(
-        &self,
-        body: &[u8],
-        batcher: &Batcher,
-        limits: &Limits,
-    ) -> Result<(InferRequest, Self::Pending), CodecError>;
+    /// Decodes a body into a job for `model`, within `limits`. Tensor protocols decode against
+    /// `model.metadata()`, where a text model takes a `BYTES` input of texts.
+    fn decode(&mut self, body: &[u8], model: &Endpoint, limits: &Limits)
+        -> Result<(Job, Self::Pending), CodecError>;
 
     /// Encodes the model's outputs for the request.
-    fn encode(&self, batcher: &Batcher, outputs: &[Tensor], pending: Self::Pending)
-        -> Result<Self::Answer, CodecError>;
+    fn encode(&self, model: &Endpoint, outputs: &Outputs, pending: Self::Pending) -> Result<Self::Answer, CodecError>;
+}
+
+/// What a request asks the model to do.
+#[derive(Debug)]
+pub enum Job {
+    /// Tensors, as the model's (public) metadata describes them.
+    Tensors(InferRequest),
+    /// Texts to embed.
+    Text(TextJob),
+}
+
+impl From<InferRequest> for Job {
+    fn from(request: InferRequest) -> Self {
+        Job::Tensors(request)
+    }
+}
+
+/// A model's answer to one request.
+#[derive(Debug)]
+pub struct Outputs {
+    /// In the order of the model's (public) metadata.
+    pub tensors: Vec<Tensor>,
+    /// Text models: tokens embedded, special tokens included; 0 otherwise.
+    pub tokens: usize,
 }
 
 /// An answer, and how it was served.
@@ -74,24 +97,36 @@ pub async fn infer<F: WireFormat>(
     format: F,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Served<F::Answer>, AppError> {
-    let batcher = state.batcher(model)?;
+    let endpoint = state.endpoint(model)?;
     let body = body.map_err(body_error)?;
     let limits = *state.limits();
-    let decoder = batcher.clone();
-    let (format, decoded) = off_runtime_if(body.len() > INLINE_CODEC_BYTES, move || {
-        let decoded = format.decode(&body, &decoder, &limits);
+    let decoder = endpoint.clone();
+    // Tokenizing is CPU work like decoding a large body: both leave the runtime's threads.
+    let (format, decoded) = off_runtime_if(body.len() > INLINE_CODEC_BYTES || endpoint.text.is_some(), move || {
+        let mut format = format;
+        let decoded = format
+            .decode(&body, &decoder, &limits)
+            .and_then(|(job, pending)| Ok((prepare(job, decoder.text.as_deref(), decoder.name(), &limits)?, pending)));
         (format, decoded)
     })
     .await?;
-    let (mut request, pending) = decoded.map_err(|e| e.context(format_args!("model `{}`", batcher.name())))?;
+    let ((mut request, text), pending) = decoded.map_err(|e| e.context(format_args!("model `{}`", endpoint.name())))?;
     // Decoding may have run on the blocking pool: the request's span is this task's.
     request.span = tracing::Span::current();
-    let answer = batcher.infer(request).await?;
+    let answer = endpoint.batcher.infer(request).await?;
     let out_bytes: usize = answer.outputs.iter().map(|t| t.element_count() * 12).sum();
-    let encoder = batcher.clone();
-    let outputs = answer.outputs;
-    let encoded =
-        off_runtime_if(out_bytes > INLINE_CODEC_BYTES, move || format.encode(&encoder, &outputs, pending)).await??;
+    let encoder = endpoint.clone();
+    let mut outputs = Outputs { tensors: answer.outputs, tokens: 0 };
+    let encoded = off_runtime_if(out_bytes > INLINE_CODEC_BYTES, move || {
+        if let Some(text) = text {
+            outputs.tokens = text.tokens;
+            if text.normalize {
+                outputs.tensors = outputs.tensors.iter().map(normalize_rows).collect::<Result<_, _>>()?;
+            }
+        }
+        format.encode(&encoder, &outputs, pending)
+    })
+    .await??;
     Ok(Served {
         answer: encoded,
         batch_rows: answer.batch_rows,
@@ -100,8 +135,38 @@ pub async fn infer<F: WireFormat>(
     })
 }
 
+/// What a text request's answer needs from its preparation.
+struct TextAnswer {
+    tokens: usize,
+    normalize: bool,
+}
+
+/// Turns a job into the batcher's request: a text model tokenizes texts, whichever protocol brought them.
+fn prepare(
+    job: Job,
+    text: Option<&TextModel>,
+    model: &str,
+    limits: &Limits,
+) -> Result<(InferRequest, Option<TextAnswer>), CodecError> {
+    match (job, text) {
+        (Job::Tensors(request), None) => Ok((request, None)),
+        (Job::Text(_), None) => Err(CodecError::Invalid(format!(
+            "model `{}` takes tensors, not texts: it is not a text model (task = \"embed\")",
+            quoted(model)
+        ))),
+        (job, Some(text)) => {
+            let job = match job {
+                Job::Tensors(request) => text.job_from_tensors(request)?,
+                Job::Text(job) => job,
+            };
+            let prepared = text.prepare(job, limits)?;
+            Ok((prepared.request, Some(TextAnswer { tokens: prepared.tokens, normalize: prepared.normalize })))
+        }
+    }
+}
+
 /// Runs `work` on the blocking pool when `large`, inline when not.
-async fn off_runtime_if<T: Send + 'static>(
+pub(crate) async fn off_runtime_if<T: Send + 'static>(
     large: bool,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, AppError> {

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod repository;
 pub mod routes;
 pub mod state;
+pub mod text;
 
 use std::future::{Future, IntoFuture};
 use std::sync::Arc;

@@ -29,6 +29,11 @@ pub mod names {
     pub const BATCH_SIZE: &str = "inferd_batch_size_rows";
     /// Batches whose engine call failed or panicked, by `model`.
     pub const BATCH_FAILURES: &str = "inferd_batch_failures_total";
+    /// Text models: real tokens batched, by `model`.
+    pub const BATCH_TOKENS: &str = "inferd_batch_tokens_total";
+    /// Text models: tokens batched once padded to each batch's longest sequence, by `model`. Over
+    /// `inferd_batch_tokens_total`, the padding waste.
+    pub const BATCH_PADDED_TOKENS: &str = "inferd_batch_padded_tokens_total";
     /// Requests waiting for a worker, by `model`.
     pub const QUEUE_DEPTH: &str = "inferd_queue_depth";
     /// 1 when the model is loaded, warmed and serving; 0 otherwise. By `model`.
@@ -52,15 +57,21 @@ pub enum Protocol {
     Predict,
     /// The KServe v2 `infer` routes.
     V2,
+    /// TEI's `/embed` routes.
+    Tei,
+    /// OpenAI's `/v1/embeddings`.
+    OpenAi,
 }
 
 impl Protocol {
-    pub const ALL: [Protocol; 2] = [Protocol::Predict, Protocol::V2];
+    pub const ALL: [Protocol; 4] = [Protocol::Predict, Protocol::V2, Protocol::Tei, Protocol::OpenAi];
 
     pub fn label(self) -> &'static str {
         match self {
             Protocol::Predict => "predict",
             Protocol::V2 => "v2",
+            Protocol::Tei => "tei",
+            Protocol::OpenAi => "openai",
         }
     }
 }
@@ -86,7 +97,7 @@ pub struct Metrics {
     handle: PrometheusHandle,
     /// The request-side series of each model, one per protocol (in `Protocol::ALL` order), registered at
     /// start-up so that a request costs no registry lookup or label allocation.
-    routes: HashMap<String, [RouteSeries; 2]>,
+    routes: HashMap<String, [RouteSeries; 4]>,
 }
 
 /// One model's series over one protocol.
@@ -121,6 +132,8 @@ impl Metrics {
             let _ = metrics.histogram(names::COMPUTE_DURATION, m());
             let _ = metrics.histogram(names::BATCH_SIZE, m());
             let _ = metrics.counter(names::BATCH_FAILURES, m());
+            let _ = metrics.counter(names::BATCH_TOKENS, m());
+            let _ = metrics.counter(names::BATCH_PADDED_TOKENS, m());
             let _ = metrics.gauge(names::QUEUE_DEPTH, m());
             let _ = metrics.gauge(names::MODEL_READY, m());
         }
@@ -140,6 +153,8 @@ impl Metrics {
         describe(names::COMPUTE_DURATION, Some(Unit::Seconds), "Time the engine spent on one batch.");
         describe(names::BATCH_SIZE, None, "Rows in one batch.");
         describe(names::BATCH_FAILURES, None, "Batches whose engine call failed or panicked.");
+        describe(names::BATCH_TOKENS, None, "Text models: real tokens batched.");
+        describe(names::BATCH_PADDED_TOKENS, None, "Text models: tokens batched, padding included.");
         describe(names::QUEUE_DEPTH, None, "Requests waiting for a worker.");
         describe(names::MODEL_READY, None, "1 when the model is loaded, warmed and serving.");
         describe(names::GPUS, None, "GPUs visible through NVML.");
@@ -230,6 +245,8 @@ impl Metrics {
             compute: self.histogram(names::COMPUTE_DURATION, m()),
             rows: self.histogram(names::BATCH_SIZE, m()),
             failures: self.counter(names::BATCH_FAILURES, m()),
+            tokens: self.counter(names::BATCH_TOKENS, m()),
+            padded_tokens: self.counter(names::BATCH_PADDED_TOKENS, m()),
         })
     }
 
@@ -266,6 +283,8 @@ struct ModelBatchMetrics {
     compute: Histogram,
     rows: Histogram,
     failures: Counter,
+    tokens: Counter,
+    padded_tokens: Counter,
 }
 
 impl BatchObserver for ModelBatchMetrics {
@@ -279,6 +298,11 @@ impl BatchObserver for ModelBatchMetrics {
         if !ok {
             self.failures.increment(1);
         }
+    }
+
+    fn tokens_batched(&self, real: usize, padded: usize) {
+        self.tokens.increment(real as u64);
+        self.padded_tokens.increment(padded as u64);
     }
 }
 

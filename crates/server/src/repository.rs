@@ -5,8 +5,10 @@ use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
 use inferd_batcher::{BatchObserver, Batcher};
-use inferd_core::{Backend, Engine, ModelConfig, Precision, MODEL_CONFIG_FILE};
+use inferd_core::{Backend, Engine, ModelConfig, ModelMetadata, Precision, MODEL_CONFIG_FILE};
 use inferd_onnx::OnnxSettings;
+
+use crate::text::TextModel;
 
 /// The repository's models, and the one `/predict` serves.
 pub struct Repository {
@@ -102,22 +104,56 @@ pub fn build_engine(config: &ModelConfig, settings: &EngineSettings) -> inferd_c
     })
 }
 
+/// A loaded model as the routes use it: its batcher and, for a text model, its tokenizing front. Cheap to clone.
+#[derive(Clone)]
+pub struct Endpoint {
+    pub batcher: Batcher,
+    pub text: Option<Arc<TextModel>>,
+}
+
+impl Endpoint {
+    pub fn name(&self) -> &str {
+        self.batcher.name()
+    }
+
+    /// The model as the tensor protocols show it: a text model takes texts and gives embeddings.
+    pub fn metadata(&self) -> &ModelMetadata {
+        match &self.text {
+            Some(text) => text.public(),
+            None => self.batcher.metadata(),
+        }
+    }
+}
+
 /// Loads every instance of a model, warms each at its max batch size, and starts its batcher, which reports to
-/// `observer`. Blocking.
+/// `observer`; a text model's tokenizer too. Blocking.
 pub fn load_model(
     config: &ModelConfig,
     settings: &EngineSettings,
     observer: Arc<dyn BatchObserver>,
-) -> anyhow::Result<Batcher> {
+) -> anyhow::Result<Endpoint> {
     let started = std::time::Instant::now();
-    let rows = config.batching.max_batch_size;
     let mut engines = Vec::with_capacity(config.instances);
     for _ in 0..config.instances {
         let mut engine = build_engine(config, settings)?;
+        // A text model warms with sequences of its longest length: on a GPU as many as its token budget takes,
+        // to claim the memory its largest batch needs; on the CPU one, which is all the allocator needs to see
+        // (a full budget there is seconds of arithmetic before the model is ready).
+        let rows = match &engine.metadata().text {
+            Some(text) if engine.metadata().on_gpu() => {
+                (config.batching.max_batch_tokens / text.max_seq_len.max(1)).clamp(1, config.batching.max_batch_size)
+            }
+            Some(_) => 1,
+            None => config.batching.max_batch_size,
+        };
         let warm_up = engine.metadata().warm_up_inputs(rows).context("warm-up")?;
         engine.run(&warm_up).with_context(|| format!("warm-up at batch size {rows}"))?;
         engines.push(engine);
     }
+    let text = match engines.first().map(|e| e.metadata()).filter(|m| m.text.is_some()) {
+        Some(meta) => Some(TextModel::load(meta)?),
+        None => None,
+    };
     let batcher =
         Batcher::start(&config.name, &config.batching, engines, Some(observer)).context("cannot start its threads")?;
     let meta = batcher.metadata();
@@ -130,20 +166,20 @@ pub fn load_model(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "model ready"
     );
-    Ok(batcher)
+    Ok(Endpoint { batcher, text })
 }
 
 /// One model of the repository and how far it got.
 pub struct Model {
     pub config: ModelConfig,
-    /// Unset while loading; then the running batcher, or why the model could not load.
-    state: OnceLock<Result<Batcher, String>>,
+    /// Unset while loading; then the running model, or why it could not load.
+    state: OnceLock<Result<Endpoint, String>>,
 }
 
 /// A model's state, for routes and health.
 pub enum ModelState<'a> {
     Loading,
-    Ready(&'a Batcher),
+    Ready(&'a Endpoint),
     Failed(&'a str),
 }
 
@@ -165,7 +201,7 @@ impl Model {
     }
 
     /// Records the outcome of loading (once).
-    pub fn set_loaded(&self, outcome: Result<Batcher, String>) {
+    pub fn set_loaded(&self, outcome: Result<Endpoint, String>) {
         if let Err(e) = &outcome {
             tracing::error!(model = %self.config.name, error = %e, "model failed to load; the other models still serve");
         }
@@ -173,6 +209,10 @@ impl Model {
     }
 
     pub fn batcher(&self) -> Option<&Batcher> {
+        self.endpoint().map(|e| &e.batcher)
+    }
+
+    pub fn endpoint(&self) -> Option<&Endpoint> {
         self.state.get().and_then(|s| s.as_ref().ok())
     }
 }

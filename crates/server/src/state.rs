@@ -4,15 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use inferd_batcher::Batcher;
-
 use crate::codec::Limits;
 use crate::config::{Secret, ServeConfig};
 use crate::drain::Drain;
 use crate::error::AppError;
 use crate::gpu::{GpuInfo, GpuMonitor};
 use crate::metrics::Metrics;
-use crate::repository::{Model, ModelState};
+use crate::repository::{Endpoint, Model, ModelState};
 
 /// The app's state. Cheap to clone: one `Arc`.
 #[derive(Clone)]
@@ -149,10 +147,10 @@ impl AppState {
         self.0.models.iter().map(|m| format!("`{}`", m.name())).collect::<Vec<_>>().join(", ")
     }
 
-    /// The model's running batcher, or why there is none.
-    pub fn batcher(&self, name: &str) -> Result<Batcher, AppError> {
+    /// The model, loaded, or why it is not.
+    pub fn endpoint(&self, name: &str) -> Result<Endpoint, AppError> {
         match self.model(name)?.state() {
-            ModelState::Ready(batcher) => Ok(batcher.clone()),
+            ModelState::Ready(endpoint) => Ok(endpoint.clone()),
             ModelState::Loading => Err(AppError::unavailable(format!("model `{name}` is still loading"))),
             ModelState::Failed(e) => Err(AppError::unavailable(format!("model `{name}` failed to load: {e}"))),
         }

@@ -12,6 +12,7 @@ use subtle::ConstantTimeEq;
 
 use crate::error::{AppError, ErrorKind};
 use crate::metrics::Protocol;
+use crate::routes::openai::ServedModel;
 use crate::state::AppState;
 
 /// What the checkpoint knows of the routes it guards.
@@ -24,12 +25,22 @@ pub struct Checkpoint {
     pub inference: Option<InferenceRoute>,
 }
 
-/// An inference route's protocol, and the path parameter that names its model.
+/// An inference route's protocol, and where it names its model.
 #[derive(Clone, Copy)]
 pub struct InferenceRoute {
     pub protocol: Protocol,
-    /// `None` where the route serves the default model.
-    pub model_param: Option<&'static str>,
+    pub model: ModelFrom,
+}
+
+/// Where an inference route names its model.
+#[derive(Clone, Copy)]
+pub enum ModelFrom {
+    /// The route serves the default model.
+    Default,
+    /// This path parameter.
+    Path(&'static str),
+    /// The body: the handler sets [`ServedModel`] on its response. Such requests have no in-flight gauge.
+    Body,
 }
 
 /// The checkpoint as an axum middleware function.
@@ -44,7 +55,9 @@ pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: 
         }
     };
     let metrics = state.metrics();
-    let in_flight = labels.map(|(model, protocol)| metrics.in_flight(model, protocol));
+    let body_named = matches!(checkpoint.inference, Some(InferenceRoute { model: ModelFrom::Body, .. }));
+    let in_flight =
+        labels.filter(|_| !body_named).map(|(model, protocol)| metrics.in_flight(model, protocol));
     if let Some(gauge) = &in_flight {
         gauge.increment(1);
     }
@@ -68,7 +81,11 @@ pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: 
     if let Some(gauge) = &in_flight {
         gauge.decrement(1);
     }
-    if let Some((model, protocol)) = labels {
+    if let Some((mut model, protocol)) = labels {
+        if body_named {
+            let named = response.extensions().get::<ServedModel>().and_then(|m| state.find(&m.0));
+            model = named.map_or("", |m| m.name());
+        }
         metrics.request_done(model, protocol, response.status().as_u16(), started.elapsed());
     }
     response
@@ -81,7 +98,11 @@ async fn model_label<'s>(
     route: InferenceRoute,
     parts: &mut axum::http::request::Parts,
 ) -> &'s str {
-    let Some(param) = route.model_param else { return state.default_model().unwrap_or_default() };
+    let param = match route.model {
+        ModelFrom::Default => return state.default_model().unwrap_or_default(),
+        ModelFrom::Body => return "",
+        ModelFrom::Path(param) => param,
+    };
     let Ok(params) = RawPathParams::from_request_parts(parts, state).await else { return "" };
     let name = params.iter().find(|(k, _)| *k == param).map(|(_, v)| v);
     name.and_then(|name| state.find(name)).map_or("", |m| m.name())

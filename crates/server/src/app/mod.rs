@@ -15,10 +15,10 @@ use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
-use self::checkpoint::{Checkpoint, InferenceRoute};
+use self::checkpoint::{Checkpoint, InferenceRoute, ModelFrom};
 use crate::error::{AppError, ErrorKind};
 use crate::metrics::Protocol;
-use crate::routes::{health, predict, v2};
+use crate::routes::{embed, health, openai, predict, v2};
 use crate::state::AppState;
 
 /// The request id: taken from the request, or made, and echoed in the response.
@@ -30,23 +30,22 @@ pub fn api(state: &AppState) -> (Router<AppState>, utoipa::openapi::OpenApi) {
         let checkpoint = Checkpoint { state: state.clone(), protected, inference };
         routes.route_layer(middleware::from_fn_with_state(checkpoint, checkpoint::pass))
     };
-    let predict_route = InferenceRoute { protocol: Protocol::Predict, model_param: None };
+    let route = |protocol, model| Some(InferenceRoute { protocol, model });
     let metrics_protected = state.protect_metrics();
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(guarded(health::probe_routes().merge(v2::probe_routes()), false, None))
         .merge(guarded(health::metrics_routes(), metrics_protected, None))
-        .merge(guarded(v2::routes(), true, None))
-        .merge(guarded(predict::default_route(), true, Some(predict_route)))
+        .merge(guarded(v2::routes().merge(openai::routes()), true, None))
+        .merge(guarded(predict::default_route(), true, route(Protocol::Predict, ModelFrom::Default)))
         .merge(guarded(
             predict::named_route(),
             true,
-            Some(InferenceRoute { model_param: Some(predict::MODEL_PARAM), ..predict_route }),
+            route(Protocol::Predict, ModelFrom::Path(predict::MODEL_PARAM)),
         ))
-        .merge(guarded(
-            v2::inference_routes(),
-            true,
-            Some(InferenceRoute { protocol: Protocol::V2, model_param: Some(v2::MODEL_PARAM) }),
-        ))
+        .merge(guarded(v2::inference_routes(), true, route(Protocol::V2, ModelFrom::Path(v2::MODEL_PARAM))))
+        .merge(guarded(embed::default_route(), true, route(Protocol::Tei, ModelFrom::Default)))
+        .merge(guarded(embed::named_route(), true, route(Protocol::Tei, ModelFrom::Path(embed::MODEL_PARAM))))
+        .merge(guarded(openai::inference_routes(), true, route(Protocol::OpenAi, ModelFrom::Body)))
         .split_for_parts()
 }
 

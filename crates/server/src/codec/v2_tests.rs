@@ -15,6 +15,7 @@ fn meta() -> ModelMetadata {
         device: "cpu".into(),
         precision: Precision::Fp32,
         platform: "test",
+        text: None,
     }
 }
 

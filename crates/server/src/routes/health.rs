@@ -44,6 +44,8 @@ pub struct Health<'a> {
 pub struct ModelHealth<'a> {
     name: &'a str,
     backend: &'static str,
+    /// `tensors`, or `embed` for a text model.
+    task: &'static str,
     ready: bool,
     /// `loading`, `ready` or `failed`.
     state: &'static str,
@@ -55,6 +57,12 @@ pub struct ModelHealth<'a> {
     rows: u64,
     /// Why the model failed to load.
     error: Option<&'a str>,
+    /// Text models: the embedding's length.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dimensions: Option<usize>,
+    /// Text models: tokens per text at most.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_seq_len: Option<usize>,
 }
 
 impl<'a> ModelHealth<'a> {
@@ -62,6 +70,7 @@ impl<'a> ModelHealth<'a> {
         let mut h = ModelHealth {
             name: model.name(),
             backend: model.config.backend.as_str(),
+            task: model.config.task.as_str(),
             ready: false,
             state: "loading",
             device: None,
@@ -71,6 +80,8 @@ impl<'a> ModelHealth<'a> {
             batches: 0,
             rows: 0,
             error: None,
+            dimensions: None,
+            max_seq_len: None,
         };
         match model.state() {
             ModelState::Loading => {}
@@ -78,8 +89,13 @@ impl<'a> ModelHealth<'a> {
                 h.state = "failed";
                 h.error = Some(e);
             }
-            ModelState::Ready(b) => {
+            ModelState::Ready(endpoint) => {
+                let b = &endpoint.batcher;
                 let stats = b.stats();
+                if let Some(text) = &b.metadata().text {
+                    h.dimensions = Some(text.dimensions);
+                    h.max_seq_len = Some(text.max_seq_len);
+                }
                 h.ready = true;
                 h.state = "ready";
                 h.device = Some(&b.metadata().device);

@@ -7,15 +7,15 @@ use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use inferd_batcher::{Batcher, InferRequest};
-use inferd_core::Tensor;
+use inferd_batcher::InferRequest;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::codec::predict::{decode_predict, PredictRequest, PredictResponse, Prediction};
 use crate::codec::{CodecError, Limits};
 use crate::error::{AppError, InferErrors};
-use crate::infer::{deadline_in, infer, WireFormat};
+use crate::infer::{deadline_in, infer, Job, Outputs, WireFormat};
+use crate::repository::Endpoint;
 use crate::state::AppState;
 
 /// The path parameter that names the model.
@@ -109,16 +109,16 @@ impl WireFormat for PredictFormat {
     type Pending = ();
     type Answer = Vec<u8>;
 
-    fn decode(&self, body: &[u8], batcher: &Batcher, limits: &Limits) -> Result<(InferRequest, ()), CodecError> {
-        let inputs = decode_predict(body, &batcher.metadata().inputs, limits)?;
-        Ok((InferRequest::new(inputs).with_deadline(self.deadline), ()))
+    fn decode(&mut self, body: &[u8], model: &Endpoint, limits: &Limits) -> Result<(Job, ()), CodecError> {
+        let inputs = decode_predict(body, &model.metadata().inputs, limits)?;
+        Ok((InferRequest::new(inputs).with_deadline(self.deadline).into(), ()))
     }
 
-    fn encode(&self, batcher: &Batcher, outputs: &[Tensor], (): ()) -> Result<Vec<u8>, CodecError> {
-        let meta = batcher.metadata();
+    fn encode(&self, model: &Endpoint, outputs: &Outputs, (): ()) -> Result<Vec<u8>, CodecError> {
+        let meta = model.metadata();
         let response = PredictResponse {
-            prediction: Prediction { outputs, specs: &meta.outputs },
-            model: batcher.name(),
+            prediction: Prediction { outputs: &outputs.tensors, specs: &meta.outputs },
+            model: model.name(),
             device: &meta.device,
         };
         serde_json::to_vec(&response).map_err(|e| CodecError::Encode(e.to_string()))

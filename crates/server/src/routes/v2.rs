@@ -10,8 +10,8 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use inferd_batcher::{Batcher, InferRequest};
-use inferd_core::{DataType, Tensor, TensorSpec};
+use inferd_batcher::InferRequest;
+use inferd_core::{DataType, TensorSpec};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa_axum::router::OpenApiRouter;
@@ -22,8 +22,8 @@ use crate::codec::v2::{
 };
 use crate::codec::{quoted, CodecError, Limits};
 use crate::error::{AppError, ErrorBody, InferErrors};
-use crate::infer::{body_error, deadline_in, infer, WireFormat};
-use crate::repository::ModelState;
+use crate::infer::{body_error, deadline_in, infer, Job, Outputs, WireFormat};
+use crate::repository::{Endpoint, ModelState};
 use crate::state::AppState;
 
 /// The path parameter that names the model.
@@ -185,6 +185,18 @@ pub struct V2ModelMetadata<'a> {
     platform: &'static str,
     inputs: Vec<V2TensorMetadata<'a>>,
     outputs: Vec<V2TensorMetadata<'a>>,
+    /// Text models: what they embed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parameters: Option<V2TextParameters>,
+}
+
+/// A text model's task, embedding length and longest text in tokens.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct V2TextParameters {
+    /// `embed`.
+    task: &'static str,
+    dimensions: usize,
+    max_seq_len: usize,
 }
 
 /// A model's inputs and outputs.
@@ -192,14 +204,19 @@ pub struct V2ModelMetadata<'a> {
     responses((status = 200, body = V2ModelMetadata), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("api_key" = [])))]
 async fn model_metadata(State(state): State<AppState>, ModelName(name): ModelName) -> Result<Response, AppError> {
-    let batcher = state.batcher(&name)?;
-    let meta = batcher.metadata();
+    let endpoint = state.endpoint(&name)?;
+    let meta = endpoint.metadata();
     Ok(Json(V2ModelMetadata {
-        name: batcher.name(),
+        name: endpoint.name(),
         versions: [MODEL_VERSION],
         platform: meta.platform,
         inputs: V2TensorMetadata::all(&meta.inputs),
         outputs: V2TensorMetadata::all(&meta.outputs),
+        parameters: meta.text.as_ref().map(|t| V2TextParameters {
+            task: inferd_core::Task::Embed.as_str(),
+            dimensions: t.dimensions,
+            max_seq_len: t.max_seq_len,
+        }),
     })
     .into_response())
 }
@@ -209,7 +226,7 @@ async fn model_metadata(State(state): State<AppState>, ModelName(name): ModelNam
     responses((status = 200, description = "Ready"), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("api_key" = [])))]
 async fn model_ready(State(state): State<AppState>, ModelName(name): ModelName) -> Result<StatusCode, AppError> {
-    state.batcher(&name).map(|_| StatusCode::OK)
+    state.endpoint(&name).map(|_| StatusCode::OK)
 }
 
 /// Triton's name for a data type in a model configuration.
@@ -227,8 +244,8 @@ fn config_type(datatype: DataType) -> String {
     security(("api_key" = [])))]
 async fn model_config(State(state): State<AppState>, ModelName(name): ModelName) -> Result<Response, AppError> {
     let model = state.model(&name)?;
-    let batcher = state.batcher(&name)?;
-    let meta = batcher.metadata();
+    let endpoint = state.endpoint(&name)?;
+    let meta = endpoint.metadata();
     let tensors = |specs: &[TensorSpec]| -> Vec<serde_json::Value> {
         specs
             .iter()
@@ -271,19 +288,14 @@ impl WireFormat for V2Format {
     /// The body, and the length of its JSON part when binary outputs follow it.
     type Answer = (Vec<u8>, Option<usize>);
 
-    fn decode(&self, body: &[u8], batcher: &Batcher, limits: &Limits) -> Result<(InferRequest, V2Pending), CodecError> {
-        let call = decode_infer(body, self.json_length, batcher.metadata(), limits)?;
+    fn decode(&mut self, body: &[u8], model: &Endpoint, limits: &Limits) -> Result<(Job, V2Pending), CodecError> {
+        let call = decode_infer(body, self.json_length, model.metadata(), limits)?;
         let deadline = call.timeout.and_then(deadline_in);
-        Ok((InferRequest::new(call.inputs).with_deadline(deadline), (call.id, call.outputs)))
+        Ok((InferRequest::new(call.inputs).with_deadline(deadline).into(), (call.id, call.outputs)))
     }
 
-    fn encode(
-        &self,
-        batcher: &Batcher,
-        outputs: &[Tensor],
-        (id, selection): V2Pending,
-    ) -> Result<Self::Answer, CodecError> {
-        encode_infer(batcher.name(), id.as_deref(), batcher.metadata(), outputs, &selection)
+    fn encode(&self, model: &Endpoint, outputs: &Outputs, (id, selection): V2Pending) -> Result<Self::Answer, CodecError> {
+        encode_infer(model.name(), id.as_deref(), model.metadata(), &outputs.tensors, &selection)
     }
 }
 

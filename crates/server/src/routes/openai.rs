@@ -1,0 +1,273 @@
+//! Embeddings as OpenAI's API serves them, so that the `openai` client works unchanged: `POST /v1/embeddings`
+//! (the model named in the body; `float` or `base64` encoding) and `GET /v1/models`. Errors come as OpenAI's
+//! `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::codec::{quoted, CodecError, Limits};
+use crate::error::{AppError, ErrorKind};
+use crate::infer::{body_error, infer, off_runtime_if, Job, Outputs, WireFormat, INLINE_CODEC_BYTES};
+use crate::repository::Endpoint;
+use crate::state::AppState;
+use crate::text::{TextInput, TextJob};
+
+/// The model an OpenAI request named, set on its response for the request metrics.
+#[derive(Clone, Debug)]
+pub struct ServedModel(pub String);
+
+/// `/v1/embeddings`.
+pub fn inference_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(embeddings))
+}
+
+/// `/v1/models`.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(models))
+}
+
+/// An OpenAI embeddings request.
+#[derive(Deserialize, utoipa::ToSchema)]
+pub struct EmbeddingsRequest {
+    /// The model: one of `GET /v1/models`.
+    model: String,
+    /// A text, a list of texts, a list of token ids, or a list of token-id lists.
+    #[schema(value_type = Object)]
+    input: Input,
+    /// `float` (default) or `base64` (little-endian FP32).
+    #[serde(default)]
+    encoding_format: Option<String>,
+    /// The embedding's length: only the model's own.
+    #[serde(default)]
+    dimensions: Option<usize>,
+    /// Taken and ignored, as OpenAI's clients may send it.
+    #[serde(default)]
+    #[allow(dead_code)]
+    user: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Input {
+    One(String),
+    Many(Vec<String>),
+    Ids(Vec<u32>),
+    ManyIds(Vec<Vec<u32>>),
+}
+
+/// `POST /v1/embeddings` answer.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct EmbeddingsResponse<'a> {
+    /// `list`.
+    object: &'static str,
+    data: Vec<Embedding>,
+    model: &'a str,
+    usage: Usage,
+}
+
+/// One input's embedding.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Embedding {
+    /// `embedding`.
+    object: &'static str,
+    index: usize,
+    /// Numbers, or a base64 string of little-endian FP32 when `encoding_format` is `base64`.
+    #[schema(value_type = Object)]
+    embedding: Vector,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Vector {
+    Float(Vec<f32>),
+    Base64(String),
+}
+
+/// Tokens the request took.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Usage {
+    prompt_tokens: usize,
+    total_tokens: usize,
+}
+
+/// OpenAI's error body.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct OpenAiError {
+    error: OpenAiErrorDetail,
+}
+
+/// What went wrong.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct OpenAiErrorDetail {
+    message: String,
+    /// `invalid_request_error`, `rate_limit_error`, `server_error` or `authentication_error`.
+    #[serde(rename = "type")]
+    kind: &'static str,
+    param: Option<String>,
+    code: Option<String>,
+}
+
+/// An error answered in OpenAI's shape.
+pub struct OpenAiFailure(AppError);
+
+impl From<AppError> for OpenAiFailure {
+    fn from(e: AppError) -> Self {
+        OpenAiFailure(e)
+    }
+}
+
+impl IntoResponse for OpenAiFailure {
+    fn into_response(self) -> Response {
+        let (kind, code) = match self.0.kind {
+            ErrorKind::Overloaded => ("rate_limit_error", None),
+            ErrorKind::Unavailable | ErrorKind::Internal => ("server_error", None),
+            ErrorKind::Unauthorized => ("authentication_error", Some("invalid_api_key")),
+            ErrorKind::NotFound => ("invalid_request_error", Some("model_not_found")),
+            _ => ("invalid_request_error", None),
+        };
+        self.0.respond(|message| OpenAiError {
+            error: OpenAiErrorDetail { message, kind, param: None, code: code.map(str::to_owned) },
+        })
+    }
+}
+
+/// Embed texts (OpenAI-compatible).
+#[utoipa::path(post, path = "/v1/embeddings", tag = "embeddings", request_body = EmbeddingsRequest,
+    responses((status = 200, body = EmbeddingsResponse),
+        (status = 400, body = OpenAiError), (status = 404, body = OpenAiError), (status = 413, body = OpenAiError),
+        (status = 429, body = OpenAiError), (status = 503, body = OpenAiError)),
+    security(("api_key" = [])))]
+async fn embeddings(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, OpenAiFailure> {
+    let body = body.map_err(body_error)?;
+    // The body is parsed once, here, since its model names the endpoint: large ones off the runtime.
+    let large = body.len() > INLINE_CODEC_BYTES;
+    let parse = move || {
+        serde_json::from_slice::<EmbeddingsRequest>(&body)
+            .map_err(|e| AppError::bad_request(format!("invalid embeddings request: {e}")))
+    };
+    let request = off_runtime_if(large, parse).await??;
+    let format = match request.encoding_format.as_deref() {
+        None | Some("float") => Encoding::Float,
+        Some("base64") => Encoding::Base64,
+        Some(other) => {
+            return Err(AppError::bad_request(format!(
+                "encoding_format: `{}` is not one of `float`, `base64`",
+                quoted(other)
+            ))
+            .into())
+        }
+    };
+    let input = match request.input {
+        Input::One(text) => TextInput::Texts(vec![text]),
+        Input::Many(texts) => TextInput::Texts(texts),
+        Input::Ids(ids) => TextInput::Ids(vec![ids]),
+        Input::ManyIds(ids) => TextInput::Ids(ids),
+    };
+    let model = request.model;
+    let format = OpenAiFormat { job: Some(TextJob::new(input)), encoding: format, dimensions: request.dimensions };
+    let served = infer(&state, &model, format, Ok(Bytes::new())).await?;
+    let mut response = (served.headers(), [(header::CONTENT_TYPE, "application/json")], served.answer).into_response();
+    response.extensions_mut().insert(ServedModel(model));
+    Ok(response)
+}
+
+#[derive(Clone, Copy)]
+enum Encoding {
+    Float,
+    Base64,
+}
+
+/// The request was parsed by the handler (its model decides the endpoint); decoding hands over its job.
+struct OpenAiFormat {
+    job: Option<TextJob>,
+    encoding: Encoding,
+    dimensions: Option<usize>,
+}
+
+impl WireFormat for OpenAiFormat {
+    type Pending = ();
+    type Answer = Vec<u8>;
+
+    fn decode(&mut self, _: &[u8], model: &Endpoint, _: &Limits) -> Result<(Job, ()), CodecError> {
+        if let (Some(asked), Some(text)) = (self.dimensions, &model.text) {
+            let own = text.info().dimensions;
+            if asked != own {
+                return Err(CodecError::Invalid(format!(
+                    "dimensions: this model gives {own}-dimensional embeddings and cannot shorten them to {asked}"
+                )));
+            }
+        }
+        let job = self.job.take().ok_or_else(|| CodecError::Encode("the request was decoded twice".into()))?;
+        Ok((Job::Text(job), ()))
+    }
+
+    fn encode(&self, model: &Endpoint, outputs: &Outputs, (): ()) -> Result<Vec<u8>, CodecError> {
+        let tensor = outputs.tensors.first().ok_or_else(|| CodecError::Encode("no embeddings".into()))?;
+        let values = tensor.to_vec::<f32>().map_err(|e| CodecError::Encode(e.to_string()))?;
+        let dim = tensor.shape().last().copied().unwrap_or(1).max(1);
+        let data = values
+            .chunks_exact(dim)
+            .enumerate()
+            .map(|(index, row)| Embedding {
+                object: "embedding",
+                index,
+                embedding: match self.encoding {
+                    Encoding::Float => Vector::Float(row.to_vec()),
+                    Encoding::Base64 => {
+                        let bytes: Vec<u8> = row.iter().flat_map(|v| v.to_le_bytes()).collect();
+                        Vector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
+                    }
+                },
+            })
+            .collect();
+        let response = EmbeddingsResponse {
+            object: "list",
+            data,
+            model: model.name(),
+            usage: Usage { prompt_tokens: outputs.tokens, total_tokens: outputs.tokens },
+        };
+        serde_json::to_vec(&response).map_err(|e| CodecError::Encode(e.to_string()))
+    }
+}
+
+/// `GET /v1/models` answer.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ModelList<'a> {
+    /// `list`.
+    object: &'static str,
+    data: Vec<ModelCard<'a>>,
+}
+
+/// One model.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ModelCard<'a> {
+    id: &'a str,
+    /// `model`.
+    object: &'static str,
+    created: u64,
+    owned_by: &'static str,
+}
+
+/// The text models this server embeds with.
+#[utoipa::path(get, path = "/v1/models", tag = "embeddings", responses((status = 200, body = ModelList)),
+    security(("api_key" = [])))]
+async fn models(State(state): State<AppState>) -> Response {
+    let data = state
+        .models()
+        .iter()
+        .filter(|m| m.config.task == inferd_core::Task::Embed)
+        .map(|m| ModelCard { id: m.name(), object: "model", created: 0, owned_by: "inferd" })
+        .collect();
+    Json(ModelList { object: "list", data }).into_response()
+}
