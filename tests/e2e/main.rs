@@ -7,3 +7,4 @@ mod health;
 mod ops;
 mod predict;
 mod shutdown;
+mod text;

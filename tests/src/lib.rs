@@ -67,7 +67,7 @@ impl Repo {
                 let edit = edit.take().expect("one model.toml per model");
                 std::fs::write(to.join(file), edit(text)).expect("write model.toml");
             } else {
-                std::fs::copy(&path, to.join(file)).expect("copy");
+                copy_tree(&path, &to.join(file));
             }
         }
         self
@@ -76,6 +76,19 @@ impl Repo {
     /// Adds bundled model `name` as it is.
     pub fn bundled(self, name: &str) -> Repo {
         self.model(name, name, |t| t)
+    }
+}
+
+/// Copies a file, or a folder and everything in it (a text model's `1_Pooling/`).
+fn copy_tree(from: &Path, to: &Path) {
+    if from.is_dir() {
+        std::fs::create_dir_all(to).expect("mkdir");
+        for entry in std::fs::read_dir(from).expect("a folder") {
+            let path = entry.expect("entry").path();
+            copy_tree(&path, &to.join(path.file_name().expect("a file name")));
+        }
+    } else {
+        std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
     }
 }
 

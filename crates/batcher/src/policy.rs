@@ -152,8 +152,7 @@ fn fill_rows<K: PartialEq>(queue: &[Candidate<K>], first: usize, policy: &Policy
 /// waste refuses waits for a batch of its own length; one the budget or the rows refuse makes the batch full.
 fn fill_tokens<K: PartialEq>(queue: &[Candidate<K>], first: usize, max_rows: usize, budget: usize) -> Group {
     let head = &queue[first];
-    let mut others: Vec<usize> =
-        (first + 1..queue.len()).filter(|&i| queue[i].key == head.key).collect();
+    let mut others: Vec<usize> = (first + 1..queue.len()).filter(|&i| queue[i].key == head.key).collect();
     // Closest length first; among equals, the oldest.
     others.sort_by_key(|&i| (queue[i].seq_len.abs_diff(head.seq_len), i));
     let mut group = Group { positions: vec![first], rows: head.rows, full: None, preferred_cut: None };
@@ -335,7 +334,12 @@ mod tests {
         lengths
             .iter()
             .enumerate()
-            .map(|(i, &seq_len)| Candidate { rows: 1, seq_len, key: 0, enqueued_at: t0 + Duration::from_micros(i as u64) })
+            .map(|(i, &seq_len)| Candidate {
+                rows: 1,
+                seq_len,
+                key: 0,
+                enqueued_at: t0 + Duration::from_micros(i as u64),
+            })
             .collect()
     }
 

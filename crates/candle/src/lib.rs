@@ -144,7 +144,11 @@ impl CandleEngine {
             ("mlp" | "bert", task) => {
                 return Err(Error::config(
                     &toml,
-                    format!("candle.architecture: `{}` does not serve task = \"{}\"", options.architecture, task.as_str()),
+                    format!(
+                        "candle.architecture: `{}` does not serve task = \"{}\"",
+                        options.architecture,
+                        task.as_str()
+                    ),
                 ))
             }
             (other, _) => {
@@ -172,10 +176,14 @@ impl CandleEngine {
                 let bert = Bert::load(&config.file, bert_config, settings.pooling, dtype, &device)?;
                 let hidden = bert.config.hidden_size;
                 let vocab = bert.config.vocab_size;
-                let token = |name: &str| TensorSpec { name: name.into(), datatype: DataType::Int64, shape: vec![-1, -1] };
+                let token =
+                    |name: &str| TensorSpec { name: name.into(), datatype: DataType::Int64, shape: vec![-1, -1] };
                 let inputs = vec![token(INPUT_IDS), token(ATTENTION_MASK), token(TOKEN_TYPE_IDS)];
-                let outputs =
-                    vec![TensorSpec { name: EMBEDDING_OUTPUT.into(), datatype: DataType::Fp32, shape: vec![-1, hidden as i64] }];
+                let outputs = vec![TensorSpec {
+                    name: EMBEDDING_OUTPUT.into(),
+                    datatype: DataType::Fp32,
+                    shape: vec![-1, hidden as i64],
+                }];
                 let mut info = settings.info(hidden);
                 info.vocab_size = Some(vocab);
                 (Architecture::Bert(bert), inputs, outputs, Some(info))
@@ -321,7 +329,9 @@ impl Engine for CandleEngine {
             }
             Architecture::Bert(bert) => {
                 let [ids, mask, types] = inputs else {
-                    return Err(Error::InvalidInput("a bert model takes input_ids, attention_mask and token_type_ids".into()));
+                    return Err(Error::InvalidInput(
+                        "a bert model takes input_ids, attention_mask and token_type_ids".into(),
+                    ));
                 };
                 let vocab = bert.config.vocab_size as i64;
                 let type_vocab = bert.config.type_vocab_size as i64;

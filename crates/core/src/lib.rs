@@ -9,8 +9,8 @@ mod tensor;
 pub mod text;
 
 pub use config::{
-    Backend, BatchingConfig, CandleOptions, DeviceSpec, ModelConfig, OnnxOptions, Pooling, Precision, Task,
-    TensorSpec, TextOverrides, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_TEXT_WEIGHTS, MAX_BATCH_SIZE_LIMIT, MAX_INSTANCES,
+    Backend, BatchingConfig, CandleOptions, DeviceSpec, ModelConfig, OnnxOptions, Pooling, Precision, Task, TensorSpec,
+    TextOverrides, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_TEXT_WEIGHTS, MAX_BATCH_SIZE_LIMIT, MAX_INSTANCES,
     MODEL_CONFIG_FILE,
 };
 pub use dtype::{DataType, Element, UnknownDataType};

@@ -190,7 +190,8 @@ impl Tensor {
         let mut rows = 0usize;
         let mut longest = 0usize;
         for part in parts {
-            if part.dtype != first.dtype || part.shape.len() != first.shape.len() || part.shape[2..] != first.shape[2..] {
+            if part.dtype != first.dtype || part.shape.len() != first.shape.len() || part.shape[2..] != first.shape[2..]
+            {
                 return Err(Error::InvalidInput(format!(
                     "cannot pad and concatenate {} {:?} with {} {:?}",
                     first.dtype, first.shape, part.dtype, part.shape

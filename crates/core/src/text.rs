@@ -157,7 +157,11 @@ fn folder_pooling(dir: &Path, module: &str) -> Result<Pooling> {
     let Some(c) = read_json::<PoolingConfig>(&dir.join(module), "config.json")? else {
         return Ok(Pooling::Mean);
     };
-    match (c.pooling_mode_cls_token, c.pooling_mode_mean_tokens, c.pooling_mode_max_tokens || c.pooling_mode_mean_sqrt_len_tokens) {
+    match (
+        c.pooling_mode_cls_token,
+        c.pooling_mode_mean_tokens,
+        c.pooling_mode_max_tokens || c.pooling_mode_mean_sqrt_len_tokens,
+    ) {
         (true, false, false) => Ok(Pooling::Cls),
         (false, true, false) => Ok(Pooling::Mean),
         _ => Err(Error::config(
@@ -288,7 +292,8 @@ mod tests {
         ]);
         let err = TextSettings::resolve(&config).expect_err("too long").to_string();
         assert!(err.contains("more than the model's 512 positions"), "{err}");
-        let (_dir, config) = folder(&[("model.toml", "backend = \"onnx\"\nfile = \"m.onnx\"\ntask = \"embed\"\nmax_seq_len = 8\n")]);
+        let (_dir, config) =
+            folder(&[("model.toml", "backend = \"onnx\"\nfile = \"m.onnx\"\ntask = \"embed\"\nmax_seq_len = 8\n")]);
         let err = TextSettings::resolve(&config).expect_err("no tokenizer").to_string();
         assert!(err.contains("tokenizer.json"), "{err}");
         let (_dir, config) = folder(&[

@@ -336,11 +336,10 @@ fn text_graph(
         .ok_or_else(|| {
             bad("a text model's graph needs an FP32 or FP16 output [batch, dim] or [batch, sequence, dim]".into())
         })?;
-    let dimensions = output
-        .shape
-        .last()
-        .and_then(|&d| usize::try_from(d).ok())
-        .ok_or_else(|| bad(format!("output `{}` has no fixed embedding length: {:?}", output.name, output.shape)))?;
+    let dimensions =
+        output.shape.last().and_then(|&d| usize::try_from(d).ok()).ok_or_else(|| {
+            bad(format!("output `{}` has no fixed embedding length: {:?}", output.name, output.shape))
+        })?;
     Ok((TextGraph { output: output.clone(), pooling, mask }, dimensions))
 }
 

@@ -72,6 +72,11 @@ pub struct ServeConfig {
     #[arg(long, env = "INFERD_DEFAULT_MODEL")]
     pub default_model: Option<String>,
 
+    /// The text model that POST /embed serves; needed when the repository holds several and the default model
+    /// does not embed text.
+    #[arg(long, env = "INFERD_DEFAULT_EMBED_MODEL")]
+    pub default_embed_model: Option<String>,
+
     /// The ONNX Runtime shared library (scripts/setup.sh puts one here).
     #[arg(long, env = "INFERD_ONNXRUNTIME_LIB", default_value = ".cache/onnxruntime/libonnxruntime.so.1.31.1")]
     pub onnxruntime_lib: PathBuf,

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use inferd_batcher::InferRequest;
 use inferd_core::Tensor;
 
-use crate::codec::{quoted, CodecError, Limits};
+use crate::codec::{CodecError, Limits};
 use crate::error::{AppError, ErrorKind};
 use crate::repository::Endpoint;
 use crate::state::AppState;
@@ -36,8 +36,7 @@ pub trait WireFormat: Send + 'static {
 
     /// Decodes a body into a job for `model`, within `limits`. Tensor protocols decode against
     /// `model.metadata()`, where a text model takes a `BYTES` input of texts.
-    fn decode(&mut self, body: &[u8], model: &Endpoint, limits: &Limits)
-        -> Result<(Job, Self::Pending), CodecError>;
+    fn decode(&mut self, body: &[u8], model: &Endpoint, limits: &Limits) -> Result<(Job, Self::Pending), CodecError>;
 
     /// Encodes the model's outputs for the request.
     fn encode(&self, model: &Endpoint, outputs: &Outputs, pending: Self::Pending) -> Result<Self::Answer, CodecError>;
@@ -106,7 +105,7 @@ pub async fn infer<F: WireFormat>(
         let mut format = format;
         let decoded = format
             .decode(&body, &decoder, &limits)
-            .and_then(|(job, pending)| Ok((prepare(job, decoder.text.as_deref(), decoder.name(), &limits)?, pending)));
+            .and_then(|(job, pending)| Ok((prepare(job, decoder.text.as_deref(), &limits)?, pending)));
         (format, decoded)
     })
     .await?;
@@ -145,15 +144,13 @@ struct TextAnswer {
 fn prepare(
     job: Job,
     text: Option<&TextModel>,
-    model: &str,
     limits: &Limits,
 ) -> Result<(InferRequest, Option<TextAnswer>), CodecError> {
     match (job, text) {
         (Job::Tensors(request), None) => Ok((request, None)),
-        (Job::Text(_), None) => Err(CodecError::Invalid(format!(
-            "model `{}` takes tensors, not texts: it is not a text model (task = \"embed\")",
-            quoted(model)
-        ))),
+        (Job::Text(_), None) => {
+            Err(CodecError::Invalid("it does not embed text: it takes tensors (its task is not `embed`)".into()))
+        }
         (job, Some(text)) => {
             let job = match job {
                 Job::Tensors(request) => text.job_from_tensors(request)?,

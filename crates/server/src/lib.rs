@@ -75,12 +75,13 @@ impl Server {
     ) -> anyhow::Result<()> {
         let config = self.config;
         let repository_dir = config.repository();
-        let repository = Repository::open(&repository_dir, config.default_model.as_deref())?;
+        let repository =
+            Repository::open(&repository_dir, config.default_model.as_deref(), config.default_embed_model.as_deref())?;
         let settings = engine_settings(&config, &repository, self.engine_builder);
         let gpu = GpuMonitor::new(self.gpu_probe.unwrap_or_else(gpu::system_probe));
         gpu.refresh().await;
         let models = repository.models;
-        let state = AppState::new(&config, models.clone(), repository.default_model, gpu.clone())?;
+        let state = AppState::new(&config, models.clone(), repository.defaults, gpu.clone())?;
         let background = Background::start(&state, gpu, Duration::from_millis(config.gpu_refresh_ms));
         load_in_background(&state, settings);
 

@@ -5,32 +5,61 @@ use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
 use inferd_batcher::{BatchObserver, Batcher};
-use inferd_core::{Backend, Engine, ModelConfig, ModelMetadata, Precision, MODEL_CONFIG_FILE};
+use inferd_core::{Backend, Engine, ModelConfig, ModelMetadata, Precision, Task, MODEL_CONFIG_FILE};
 use inferd_onnx::OnnxSettings;
 
 use crate::text::TextModel;
 
-/// The repository's models, and the one `/predict` serves.
+/// The repository's models, and the ones the routes without a model name serve.
 pub struct Repository {
     /// Sorted by name; none loaded yet.
     pub models: Vec<Arc<Model>>,
-    pub default_model: Option<String>,
+    pub defaults: Defaults,
+}
+
+/// The models that the routes without a model name serve.
+#[derive(Clone, Debug, Default)]
+pub struct Defaults {
+    /// `/predict`: `--default-model`, or the only model.
+    pub model: Option<String>,
+    /// `/embed`: `--default-embed-model`, or the default model when it embeds text, or the only text model.
+    pub embed: Option<String>,
 }
 
 impl Repository {
     /// Reads the repository at `dir` (see [`discover`]); `default_model` must be one of its models, and is the
-    /// only one when not given.
-    pub fn open(dir: &Path, default_model: Option<&str>) -> anyhow::Result<Repository> {
+    /// only one when not given; `default_embed_model` must be one of its text models.
+    pub fn open(
+        dir: &Path,
+        default_model: Option<&str>,
+        default_embed_model: Option<&str>,
+    ) -> anyhow::Result<Repository> {
         let configs = discover(dir)?;
-        let default_model = match (default_model, configs.as_slice()) {
-            (Some(name), _) if !configs.iter().any(|c| c.name == name) => {
+        let find = |name: &str| configs.iter().find(|c| c.name == name);
+        let model = match (default_model, configs.as_slice()) {
+            (Some(name), _) if find(name).is_none() => {
                 anyhow::bail!("--default-model `{name}` is not a model in {}", dir.display())
             }
             (Some(name), _) => Some(name.to_owned()),
             (None, [only]) => Some(only.name.clone()),
             (None, _) => None,
         };
-        Ok(Repository { models: configs.into_iter().map(Model::new).collect(), default_model })
+        let text: Vec<&ModelConfig> = configs.iter().filter(|c| c.task == Task::Embed).collect();
+        let embed = match default_embed_model {
+            Some(name) => match find(name) {
+                Some(c) if c.task == Task::Embed => Some(name.to_owned()),
+                Some(_) => {
+                    anyhow::bail!("--default-embed-model `{name}` does not embed text (its task is not `embed`)")
+                }
+                None => anyhow::bail!("--default-embed-model `{name}` is not a model in {}", dir.display()),
+            },
+            None => match (model.as_deref().and_then(find), text.as_slice()) {
+                (Some(c), _) if c.task == Task::Embed => Some(c.name.clone()),
+                (_, [only]) => Some(only.name.clone()),
+                _ => None,
+            },
+        };
+        Ok(Repository { models: configs.into_iter().map(Model::new).collect(), defaults: Defaults { model, embed } })
     }
 
     /// ONNX Runtime engine instances across the repository: they share the cores.

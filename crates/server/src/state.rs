@@ -4,13 +4,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use inferd_core::Task;
+
 use crate::codec::Limits;
 use crate::config::{Secret, ServeConfig};
 use crate::drain::Drain;
 use crate::error::AppError;
 use crate::gpu::{GpuInfo, GpuMonitor};
 use crate::metrics::Metrics;
-use crate::repository::{Endpoint, Model, ModelState};
+use crate::repository::{Defaults, Endpoint, Model, ModelState};
 
 /// The app's state. Cheap to clone: one `Arc`.
 #[derive(Clone)]
@@ -22,7 +24,7 @@ struct ServerState {
     /// Sorted by name.
     models: Vec<Arc<Model>>,
     /// The model `/predict` serves, if it is determined.
-    default_model: Option<String>,
+    defaults: Defaults,
     gpu: GpuMonitor,
     metrics: Metrics,
     drain: Arc<Drain>,
@@ -62,13 +64,13 @@ impl AppState {
     pub fn new(
         config: &ServeConfig,
         models: Vec<Arc<Model>>,
-        default_model: Option<String>,
+        defaults: Defaults,
         gpu: GpuMonitor,
     ) -> anyhow::Result<AppState> {
         let names: Vec<&str> = models.iter().map(|m| m.name()).collect();
         let metrics = Metrics::new(&names);
         Ok(AppState(Arc::new(ServerState {
-            default_model,
+            defaults,
             gpu,
             metrics,
             drain: Arc::new(Drain::new(config.drain_delay(), config.drain_timeout())),
@@ -91,7 +93,18 @@ impl AppState {
     }
 
     pub fn default_model(&self) -> Option<&str> {
-        self.0.default_model.as_deref()
+        self.0.defaults.model.as_deref()
+    }
+
+    /// The model that `/embed` serves, if there is one.
+    pub fn default_embed_model(&self) -> Option<&str> {
+        self.0.defaults.embed.as_deref()
+    }
+
+    /// The names of the models that embed text, quoted.
+    pub fn text_model_names(&self) -> String {
+        let names = self.0.models.iter().filter(|m| m.config.task == Task::Embed).map(|m| format!("`{}`", m.name()));
+        names.collect::<Vec<_>>().join(", ")
     }
 
     pub fn gpu(&self) -> &GpuMonitor {

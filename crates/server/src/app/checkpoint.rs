@@ -37,6 +37,8 @@ pub struct InferenceRoute {
 pub enum ModelFrom {
     /// The route serves the default model.
     Default,
+    /// The route serves the default text model.
+    DefaultEmbed,
     /// This path parameter.
     Path(&'static str),
     /// The body: the handler sets [`ServedModel`] on its response. Such requests have no in-flight gauge.
@@ -56,8 +58,7 @@ pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: 
     };
     let metrics = state.metrics();
     let body_named = matches!(checkpoint.inference, Some(InferenceRoute { model: ModelFrom::Body, .. }));
-    let in_flight =
-        labels.filter(|_| !body_named).map(|(model, protocol)| metrics.in_flight(model, protocol));
+    let in_flight = labels.filter(|_| !body_named).map(|(model, protocol)| metrics.in_flight(model, protocol));
     if let Some(gauge) = &in_flight {
         gauge.increment(1);
     }
@@ -100,6 +101,7 @@ async fn model_label<'s>(
 ) -> &'s str {
     let param = match route.model {
         ModelFrom::Default => return state.default_model().unwrap_or_default(),
+        ModelFrom::DefaultEmbed => return state.default_embed_model().unwrap_or_default(),
         ModelFrom::Body => return "",
         ModelFrom::Path(param) => param,
     };

@@ -37,13 +37,9 @@ pub fn api(state: &AppState) -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(guarded(health::metrics_routes(), metrics_protected, None))
         .merge(guarded(v2::routes().merge(openai::routes()), true, None))
         .merge(guarded(predict::default_route(), true, route(Protocol::Predict, ModelFrom::Default)))
-        .merge(guarded(
-            predict::named_route(),
-            true,
-            route(Protocol::Predict, ModelFrom::Path(predict::MODEL_PARAM)),
-        ))
+        .merge(guarded(predict::named_route(), true, route(Protocol::Predict, ModelFrom::Path(predict::MODEL_PARAM))))
         .merge(guarded(v2::inference_routes(), true, route(Protocol::V2, ModelFrom::Path(v2::MODEL_PARAM))))
-        .merge(guarded(embed::default_route(), true, route(Protocol::Tei, ModelFrom::Default)))
+        .merge(guarded(embed::default_route(), true, route(Protocol::Tei, ModelFrom::DefaultEmbed)))
         .merge(guarded(embed::named_route(), true, route(Protocol::Tei, ModelFrom::Path(embed::MODEL_PARAM))))
         .merge(guarded(openai::inference_routes(), true, route(Protocol::OpenAi, ModelFrom::Body)))
         .split_for_parts()

@@ -11,7 +11,8 @@ use crate::gpu::{GpuMonitor, NoGpu};
 
 fn state(draining: bool) -> AppState {
     let config = crate::ServeConfig::from_args(["--max-body-bytes", "1024"]).expect("parses");
-    let state = AppState::new(&config, Vec::new(), None, GpuMonitor::new(Arc::new(NoGpu))).expect("state");
+    let state =
+        AppState::new(&config, Vec::new(), Default::default(), GpuMonitor::new(Arc::new(NoGpu))).expect("state");
     if draining {
         state.drain().begin();
     }

@@ -97,12 +97,14 @@ async fn embed_default(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, TeiFailure> {
-    let Some(name) = state.default_model() else {
-        return Err(AppError::bad_request(format!(
-            "this server has several models ({}): use /models/{{name}}/embed, or start it with --default-model",
-            state.model_names()
-        ))
-        .into());
+    let Some(name) = state.default_embed_model() else {
+        let names = state.text_model_names();
+        let error = if names.is_empty() {
+            "this server has no text model: /embed serves a model whose task is `embed`".to_owned()
+        } else {
+            format!("this server has several text models ({names}): use /models/{{name}}/embed, or start it with --default-embed-model")
+        };
+        return Err(AppError::bad_request(error).into());
     };
     embed(&state, name, body).await
 }

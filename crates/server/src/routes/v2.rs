@@ -294,7 +294,12 @@ impl WireFormat for V2Format {
         Ok((InferRequest::new(call.inputs).with_deadline(deadline).into(), (call.id, call.outputs)))
     }
 
-    fn encode(&self, model: &Endpoint, outputs: &Outputs, (id, selection): V2Pending) -> Result<Self::Answer, CodecError> {
+    fn encode(
+        &self,
+        model: &Endpoint,
+        outputs: &Outputs,
+        (id, selection): V2Pending,
+    ) -> Result<Self::Answer, CodecError> {
         encode_infer(model.name(), id.as_deref(), model.metadata(), &outputs.tensors, &selection)
     }
 }
