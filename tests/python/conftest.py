@@ -1,4 +1,5 @@
-"""Starts a real inferd (the binary `cargo test` built) on a free loopback port, serving the bundled models."""
+"""Starts a real inferd (the binary `cargo test` built) on a free loopback port, serving the bundled models
+(MiniLM for /embed)."""
 
 import os
 import pathlib
@@ -19,7 +20,7 @@ def server_url():
     lib = ROOT / ".cache" / "onnxruntime" / "libonnxruntime.so.1.31.1"
     proc = subprocess.Popen(
         [binary, "serve", "--host", "127.0.0.1", "--port", "0", "--models", str(ROOT / "models"),
-         "--onnxruntime-lib", str(lib)],
+         "--onnxruntime-lib", str(lib), "--default-embed-model", "minilm"],
         stderr=subprocess.PIPE,
         text=True,
     )

@@ -118,6 +118,16 @@ def test_every_answer_matches_its_documented_schema(server_url):
         ("post", "/models/nope/predict", predict.encode(), 404),
         # The bundled repository has several models and no default: /predict says so.
         ("post", "/predict", predict.encode(), 400),
+        ("post", "/embed", b"{\"inputs\": \"a sentence\"}", 200),
+        ("post", "/embed", b"{\"inputs\": []}", 400),
+        ("post", "/models/minilm-int8/embed", b"{\"inputs\": [\"a\", \"b c\"]}", 200),
+        ("post", "/models/minilm-int8/embed", b"{\"inputs\": [\"\"]}", 400),
+        ("post", "/models/nope/embed", b"{\"inputs\": \"a\"}", 404),
+        ("post", "/v1/embeddings", b"{\"model\": \"minilm\", \"input\": [[101, 7592, 102]]}", 200),
+        ("post", "/v1/embeddings", b"{\"model\": \"minilm\", \"input\": \"a\", \"encoding_format\": \"base64\"}", 200),
+        ("post", "/v1/embeddings", b"{\"model\": \"minilm\", \"input\": \"a\", \"dimensions\": 3}", 400),
+        ("post", "/v1/embeddings", b"{\"model\": \"nope\", \"input\": \"a\"}", 404),
+        ("get", "/v1/models", None, 200),
     ]
     covered = set()
     for method, path, body, want in cases:

@@ -34,7 +34,6 @@ pub fn named_route() -> OpenApiRouter<AppState> {
 #[derive(Deserialize, utoipa::ToSchema)]
 pub struct EmbedRequest {
     /// One text, several, or token ids as lists of integers.
-    #[schema(value_type = Object)]
     inputs: Inputs,
     /// Unit-length embeddings (default true, as TEI).
     #[serde(default = "yes")]
@@ -49,7 +48,7 @@ fn yes() -> bool {
 }
 
 /// TEI's `inputs`: a text or a token list, or a list of either.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 enum Inputs {
     One(String),

@@ -40,7 +40,6 @@ pub struct EmbeddingsRequest {
     /// The model: one of `GET /v1/models`.
     model: String,
     /// A text, a list of texts, a list of token ids, or a list of token-id lists.
-    #[schema(value_type = Object)]
     input: Input,
     /// `float` (default) or `base64` (little-endian FP32).
     #[serde(default)]
@@ -54,7 +53,7 @@ pub struct EmbeddingsRequest {
     user: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 enum Input {
     One(String),
@@ -80,11 +79,10 @@ pub struct Embedding {
     object: &'static str,
     index: usize,
     /// Numbers, or a base64 string of little-endian FP32 when `encoding_format` is `base64`.
-    #[schema(value_type = Object)]
     embedding: Vector,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
 enum Vector {
     Float(Vec<f32>),
