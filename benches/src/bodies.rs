@@ -17,6 +17,8 @@ pub enum Protocol {
     V2Json,
     /// `POST /v2/models/{model}/infer` with Triton's binary tensor extension, both ways.
     V2Binary,
+    /// `POST /models/{model}/embed` (TEI's API) with sentences from a fixed set of mixed lengths.
+    Embed,
 }
 
 impl Protocol {
@@ -24,6 +26,7 @@ impl Protocol {
         match self {
             Protocol::Predict => format!("/models/{model}/predict"),
             Protocol::V2Json | Protocol::V2Binary => format!("/v2/models/{model}/infer"),
+            Protocol::Embed => format!("/models/{model}/embed"),
         }
     }
 }
@@ -148,6 +151,7 @@ pub fn generate(
                 tensors.push((input, datatype, shape, values(datatype, count, &mut rng)?));
             }
             Ok(match protocol {
+                Protocol::Embed => bail!("text bodies come from texts::bodies"),
                 Protocol::Predict => {
                     let body = if let [(_, _, shape, v)] = tensors.as_slice() {
                         json!({ "input": nest(&v.json, shape) })

@@ -5,9 +5,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use inferd_core::ModelConfig;
+use inferd_batcher::Inputs;
+use inferd_core::{ModelConfig, ModelMetadata, Tensor};
 use inferd_onnx::OnnxSettings;
+use inferd_server::codec::Limits;
 use inferd_server::repository::{build_engine, EngineSettings};
+use inferd_server::text::{TextInput, TextJob, TextModel};
 
 use crate::report::{EngineReport, Percentiles};
 
@@ -32,18 +35,34 @@ pub fn run(run: &EngineRun<'_>) -> anyhow::Result<Vec<EngineReport>> {
     };
     let mut engine = build_engine(&config, &settings)?;
     let mut reports = Vec::new();
+    let sequences = match engine.metadata().text {
+        Some(_) => Some(tokenize(engine.metadata())?),
+        None => None,
+    };
     for &batch in run.batch_sizes {
-        let inputs = engine.metadata().warm_up_inputs(batch)?;
+        let (batches, padding_waste) = match &sequences {
+            Some(sequences) => {
+                let (batches, waste) = text_batches(sequences, batch)?;
+                (batches, Some(waste))
+            }
+            None => (vec![engine.metadata().warm_up_inputs(batch)?], None),
+        };
         let warm_until = Instant::now() + run.warmup;
-        while Instant::now() < warm_until {
-            engine.run(&inputs)?;
+        for inputs in batches.iter().cycle() {
+            if Instant::now() >= warm_until {
+                break;
+            }
+            engine.run(inputs)?;
         }
         let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
         let started = Instant::now();
         let mut calls = 0u64;
-        while started.elapsed() < run.duration {
+        for inputs in batches.iter().cycle() {
+            if started.elapsed() >= run.duration {
+                break;
+            }
             let t = Instant::now();
-            engine.run(&inputs)?;
+            engine.run(inputs)?;
             latency.record(t.elapsed().as_micros().clamp(1, 60_000_000) as u64)?;
             calls += 1;
         }
@@ -54,7 +73,48 @@ pub fn run(run: &EngineRun<'_>) -> anyhow::Result<Vec<EngineReport>> {
             calls,
             rows_per_s: (calls * batch as u64) as f64 / seconds,
             latency_us: Percentiles::of(&latency),
+            padding_waste,
         });
     }
     Ok(reports)
+}
+
+/// The text benchmark's sentences, tokenized as the server does: for each, its token inputs `[1, len]`.
+fn tokenize(metadata: &ModelMetadata) -> anyhow::Result<Vec<Vec<Tensor>>> {
+    let text = TextModel::load(metadata)?;
+    let texts = crate::texts::SENTENCES.iter().map(|s| (*s).to_owned()).collect();
+    let limits = Limits { max_elements: usize::MAX, max_rows: usize::MAX, max_json_depth: usize::MAX };
+    let prepared = text.prepare(TextJob::new(TextInput::Texts(texts)), &limits).map_err(|e| anyhow::anyhow!("{e}"))?;
+    match prepared.request.inputs {
+        Inputs::Sequences(sequences) => Ok(sequences),
+        Inputs::Rows(_) => anyhow::bail!("a text model's request holds sequences"),
+    }
+}
+
+/// Batches of `batch` consecutive sentences (going round the set, so every sentence is run as often), each padded
+/// to its longest, as the server's batcher would run them with no length grouping; and their padding waste.
+fn text_batches(sequences: &[Vec<Tensor>], batch: usize) -> anyhow::Result<(Vec<Vec<Tensor>>, f64)> {
+    let n = sequences.len();
+    let count = n / gcd(n, batch);
+    let (mut real, mut padded) = (0usize, 0usize);
+    let mut batches = Vec::with_capacity(count);
+    for b in 0..count {
+        let members: Vec<&Vec<Tensor>> = (0..batch).map(|i| &sequences[(b * batch + i) % n]).collect();
+        let lengths: Vec<usize> = members.iter().map(|s| s[0].shape()[1]).collect();
+        real += lengths.iter().sum::<usize>();
+        padded += lengths.iter().max().copied().unwrap_or(0) * batch;
+        let inputs = (0..members[0].len())
+            .map(|k| Tensor::concat_rows_padded(&members.iter().map(|s| &s[k]).collect::<Vec<_>>()))
+            .collect::<inferd_core::Result<Vec<_>>>()?;
+        batches.push(inputs);
+    }
+    Ok((batches, padded as f64 / real.max(1) as f64))
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }

@@ -5,13 +5,16 @@
 //! inferd-bench http --url http://127.0.0.1:8080 --model digits --concurrency 64
 //! inferd-bench http --url http://127.0.0.1:8080 --model wide --sweep 1,4,16,64 --protocol v2-binary
 //! inferd-bench http --url http://127.0.0.1:8080 --model digits --rate 2000
+//! inferd-bench http --url http://127.0.0.1:8080 --model minilm-int8 --protocol embed --rows 1 --sweep 1,16,64
 //! inferd-bench engine --model-dir .cache/models/wide --batch-sizes 1,8,64
+//! inferd-bench engine --model-dir models/minilm-int8 --batch-sizes 1,16,64
 //! ```
 
 mod bodies;
 mod engine;
 mod load;
 mod report;
+mod texts;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -64,7 +67,7 @@ struct HttpArgs {
     model: String,
     #[arg(long, value_enum, default_value_t = Protocol::Predict)]
     protocol: Protocol,
-    /// Rows per request.
+    /// Rows per request (sentences, with `--protocol embed`).
     #[arg(long, default_value_t = 1)]
     rows: usize,
     /// Closed loop: this many clients, each sending its next request when the last is answered.
@@ -101,7 +104,8 @@ struct EngineArgs {
     /// A model folder (with its model.toml).
     #[arg(long)]
     model_dir: PathBuf,
-    /// Batch sizes to run (comma-separated).
+    /// Batch sizes to run (comma-separated). A text model runs the text benchmark's sentences, each batch padded
+    /// to its longest, and reports the padding waste.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
     batch_sizes: Vec<usize>,
     #[arg(long, default_value = ".cache/onnxruntime/libonnxruntime.so.1.31.1")]
@@ -153,6 +157,7 @@ async fn http(args: HttpArgs) -> anyhow::Result<()> {
             bytes: std::fs::read(path).with_context(|| format!("{}", path.display()))?.into(),
             header_length: None,
         }],
+        None if args.protocol == Protocol::Embed => texts::bodies(args.rows, texts::SENTENCES.len())?,
         None => {
             let client = load::client(1)?;
             let mut request = client.get(format!("{base}/v2/models/{}", args.model));

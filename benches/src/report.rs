@@ -99,6 +99,8 @@ pub struct EngineReport {
     pub calls: u64,
     pub rows_per_s: f64,
     pub latency_us: Percentiles,
+    /// A text model's padded tokens over real tokens in the batches run.
+    pub padding_waste: Option<f64>,
 }
 
 pub fn http_table(reports: &[HttpReport]) -> String {
@@ -141,18 +143,22 @@ pub fn http_table(reports: &[HttpReport]) -> String {
 
 pub fn engine_table(reports: &[EngineReport]) -> String {
     let mut out = String::new();
-    let _ =
-        writeln!(out, "{:<14} {:>6} {:>9} {:>12} {:>9} {:>9}", "model", "batch", "calls", "rows/s", "p50 ms", "p99 ms");
+    let _ = writeln!(
+        out,
+        "{:<14} {:>6} {:>9} {:>12} {:>9} {:>9} {:>8}",
+        "model", "batch", "calls", "rows/s", "p50 ms", "p99 ms", "padding"
+    );
     for r in reports {
         let _ = writeln!(
             out,
-            "{:<14} {:>6} {:>9} {:>12.0} {:>9.3} {:>9.3}",
+            "{:<14} {:>6} {:>9} {:>12.0} {:>9.3} {:>9.3} {:>8}",
             r.model,
             r.batch_size,
             r.calls,
             r.rows_per_s,
             r.latency_us.p50 as f64 / 1e3,
-            r.latency_us.p99 as f64 / 1e3
+            r.latency_us.p99 as f64 / 1e3,
+            r.padding_waste.map_or_else(|| "-".to_owned(), |w| format!("{w:.3}"))
         );
     }
     out

