@@ -6,6 +6,9 @@ Runtime session of one intra-op thread (so the processes do not fight over the c
 that FastAPI runs in its thread pool (the tokenizer and ONNX Runtime release the GIL); mean pooling and
 normalisation in numpy. No batching across requests: each request runs alone, padded to its own longest text.
 
+With WORKERS=1 INTRA_OP_THREADS=0 it is the same server with default settings (one process, ONNX Runtime's own
+thread count).
+
 Run: MODEL=models/minilm-int8/model.onnx TOKENIZER=models/minilm/tokenizer.json uvicorn --workers 2 \
          --loop uvloop --http httptools --app-dir benches/python fastapi_embed:app --port 8000
 """
@@ -22,6 +25,7 @@ MODEL = os.environ.get("MODEL", "models/minilm-int8/model.onnx")
 MAX_SEQ_LEN = int(os.environ.get("MAX_SEQ_LEN", "256"))
 
 options = ort.SessionOptions()
+# 0: ONNX Runtime's default (a thread per core), as an untuned server has it.
 options.intra_op_num_threads = int(os.environ.get("INTRA_OP_THREADS", "1"))
 session = ort.InferenceSession(MODEL, options, providers=["CPUExecutionProvider"])
 input_names = {i.name for i in session.get_inputs()}
