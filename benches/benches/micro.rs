@@ -10,11 +10,11 @@ use inferd_core::{BatchingConfig, DataType, ModelMetadata, Precision, Tensor, Te
 use inferd_server::codec::Limits;
 
 fn batching_policy(c: &mut Criterion) {
-    let policy = Policy::from_config(&BatchingConfig { max_queue_delay_us: 1_000, ..BatchingConfig::default() });
+    let policy = Policy::from_config(&BatchingConfig { max_queue_delay_us: 1_000, ..BatchingConfig::default() }, false);
     let t0 = Instant::now();
     // 128 queued requests of two shapes, interleaved: the decision scans both groups.
     let queue: Vec<Candidate<u8>> = (0..128)
-        .map(|i| Candidate { rows: 1, key: (i % 2) as u8, enqueued_at: t0 + Duration::from_micros(i) })
+        .map(|i| Candidate { rows: 1, key: (i % 2) as u8, enqueued_at: t0 + Duration::from_micros(i), seq_len: 1 })
         .collect();
     c.bench_function("decide/128_queued_2_shapes", |b| b.iter(|| decide(black_box(&queue), &policy, t0, false)));
 }

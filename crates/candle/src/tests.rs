@@ -42,6 +42,8 @@ fn config(dir: &Path, file: std::path::PathBuf, precision: Option<Precision>) ->
         batching: BatchingConfig::default(),
         inputs: vec![],
         outputs: vec![],
+        task: inferd_core::Task::Tensors,
+        text: Default::default(),
         onnx: OnnxOptions::default(),
         candle: Some(CandleOptions {
             architecture: "mlp".into(),
