@@ -28,23 +28,7 @@ BENCH=target/release/inferd-bench
 INFERD=target/release/inferd
 ./scripts/venv.sh .cache/benchenv benches/python/requirements-bench.txt
 
-SERVER_PID=
-stop_server() {
-    if [ -n "$SERVER_PID" ]; then
-        kill -TERM "$SERVER_PID" 2>/dev/null || true
-        wait "$SERVER_PID" 2>/dev/null || true
-        SERVER_PID=
-    fi
-}
-trap stop_server EXIT
-wait_ready() {
-    for _ in $(seq 600); do
-        curl -fsS -o /dev/null "http://127.0.0.1:$PORT/health/ready" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "compare-text: the server on :$PORT never became ready" >&2
-    exit 1
-}
+. benches/lib.sh
 sweep() { # sweep NAME: one sentence per request at 1, 16 and 64 clients
     "$BENCH" http --url "http://127.0.0.1:$PORT" --model "$MODEL" --protocol embed --rows 1 --sweep 1,16,64 \
         --warmup "$WARMUP" --duration "$DURATION" --out "$OUT" --quiet --name "$1"
@@ -53,11 +37,6 @@ tokens() { # tokens NAME: inferd's real and padded batch tokens so far
     curl -fsS "http://127.0.0.1:$PORT/metrics" | python3 -c "import sys
 t = {l.split('{')[0]: float(l.split()[-1]) for l in sys.stdin if l.startswith('inferd_batch_') and 'model=\"$MODEL\"' in l}
 print(t.get('inferd_batch_tokens_total', 0), t.get('inferd_batch_padded_tokens_total', 0))"
-}
-median() { # median FILE-PREFIX EXPRESSION: the median over the rounds' result files
-    python3 -c "import json,statistics,sys
-print(statistics.median(eval(sys.argv[2], {'r': json.load(open(f))}) for f in sys.argv[3:]))" "$1" "$2" \
-        $(for r in $(seq "$ROUNDS"); do echo "$OUT/$1-r$r.json"; done)
 }
 
 : >"$OUT/text-padding.txt"

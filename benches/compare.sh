@@ -25,23 +25,7 @@ BENCH=target/release/inferd-bench
 INFERD=target/release/inferd
 ./scripts/venv.sh .cache/benchenv benches/python/requirements-bench.txt
 
-SERVER_PID=
-stop_server() {
-    if [ -n "$SERVER_PID" ]; then
-        kill -TERM "$SERVER_PID" 2>/dev/null || true
-        wait "$SERVER_PID" 2>/dev/null || true
-        SERVER_PID=
-    fi
-}
-trap stop_server EXIT
-wait_ready() {
-    for _ in $(seq 600); do
-        curl -fsS -o /dev/null "http://127.0.0.1:$PORT/health/ready" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "compare: the server on :$PORT never became ready" >&2
-    exit 1
-}
+. benches/lib.sh
 start_inferd() {
     "$INFERD" serve --host 127.0.0.1 --port "$PORT" --log warn "$@" &
     SERVER_PID=$!
@@ -55,11 +39,6 @@ field() { # field FILE EXPRESSION: a figure from a results file
 }
 
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$SERVER_PID/status"; }
-median() { # median FILE-PREFIX EXPRESSION: the median over the rounds' result files
-    python3 -c "import json,statistics,sys
-print(statistics.median(eval(sys.argv[2], {'r': json.load(open(f))}) for f in sys.argv[3:]))" "$1" "$2" \
-        $(for r in $(seq "$ROUNDS"); do echo "$OUT/$1-r$r.json"; done)
-}
 digits() { bench --model digits --path /predict --body tests/data/request.json "$@"; }
 
 for r in $(seq "$ROUNDS"); do
