@@ -37,9 +37,6 @@ pub(crate) fn read_config(dir: &Path) -> Result<Config> {
 impl Bert {
     /// Loads the weights of `file` (with or without the `bert.` prefix) in `dtype` onto `device`.
     pub(crate) fn load(file: &Path, config: Config, pooling: Pooling, dtype: DType, device: &Device) -> Result<Bert> {
-        if !file.is_file() {
-            return Err(Error::config(file, "the weights file does not exist"));
-        }
         let weights = |e: candle_core::Error| Error::config(file, format!("cannot load the BERT weights: {e}"));
         // SAFETY: as for the mlp: the map lives only while VarBuilder copies each tensor onto the device, and
         // inferd never writes model files.

@@ -2,6 +2,7 @@
 //! (`mlp`, and `bert` for text models). Runs on the CPU, or on `cuda:N` in builds with the `cuda` feature.
 
 mod bert;
+mod memory;
 
 use std::path::Path;
 
@@ -117,6 +118,19 @@ fn cuda_device(n: usize) -> Result<Device> {
     )))
 }
 
+/// Free and total bytes of a GPU's memory; `None` on the CPU.
+#[cfg(feature = "cuda")]
+fn gpu_memory(device: &Device) -> Option<memory::GpuMemory> {
+    let cuda = device.as_cuda_device().ok()?;
+    let (free, total) = cuda.cuda_stream().context().mem_get_info().ok()?;
+    Some(memory::GpuMemory { free: free as u64, total: total as u64 })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_memory(_device: &Device) -> Option<memory::GpuMemory> {
+    None
+}
+
 fn device_name(device: &Device) -> String {
     match device.location() {
         candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
@@ -159,6 +173,9 @@ impl CandleEngine {
             }
         };
         // Read everything that can be wrong with the files before a device is touched.
+        if !config.file.is_file() {
+            return Err(Error::config(&config.file, "the weights file named by `file` does not exist"));
+        }
         let bert_config = text.as_ref().map(|_| bert::read_config(&config.dir)).transpose()?;
         let activations = match text {
             None => mlp_shape(options).map_err(|m| Error::config(&toml, m))?,
@@ -171,6 +188,10 @@ impl CandleEngine {
             None => Precision::Fp32,
         };
         let dtype = dtype_of(precision);
+        if let Some(memory) = gpu_memory(&device) {
+            let need = memory::weights_bytes(&config.file, dtype)?;
+            memory::check_fits(&config.name, need, precision, &device_name(&device), memory)?;
+        }
         let (model, inputs, outputs, text) = match (text, bert_config) {
             (Some(settings), Some(bert_config)) => {
                 let bert = Bert::load(&config.file, bert_config, settings.pooling, dtype, &device)?;
@@ -269,9 +290,6 @@ fn load_mlp(
     dtype: DType,
     device: &Device,
 ) -> Result<Mlp> {
-    if !file.is_file() {
-        return Err(Error::config(file, "the weights file named by `file` does not exist"));
-    }
     let weights = |e: candle_core::Error| Error::config(file, format!("cannot load the weights: {e}"));
     // SAFETY: the file is memory-mapped only while the weights are copied onto the device (VarBuilder casts and
     // copies every tensor it hands out); inferd never writes model files, and the map is dropped on return.
@@ -365,6 +383,3 @@ fn dtype_of_output(datatype: DataType) -> DType {
         _ => DType::F32,
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -1,10 +1,16 @@
-//! The mlp engine on small weight files written here, checked against values worked out by hand.
+//! The candle engine on small weight files written here, checked against values worked out by hand or in f64.
+//! The tests name their device; `gpu.rs` (feature `cuda`) runs them on a GPU, with device selection and GPU
+//! memory limits: scripts/gpu-bundle.sh builds this test for scripts/gpu-check.sh to run on a GPU machine.
 
 use std::collections::HashMap;
+use std::path::Path;
 
-use inferd_core::{BatchingConfig, OnnxOptions};
-
-use super::*;
+use candle_core::Device;
+use inferd_candle::CandleEngine;
+use inferd_core::{
+    BatchingConfig, CandleOptions, DataType, DeviceSpec, Engine, ModelConfig, OnnxOptions, Precision, Tensor,
+    TensorSpec,
+};
 
 /// fc1: 3 -> 2, fc2: 2 -> 2, as torch lays them out ([out, in]).
 fn write_weights(dir: &Path) -> std::path::PathBuf {
@@ -36,7 +42,7 @@ fn config(dir: &Path, file: std::path::PathBuf, precision: Option<Precision>) ->
         dir: dir.to_path_buf(),
         backend: inferd_core::Backend::Candle,
         file,
-        device: DeviceSpec::Auto,
+        device: DeviceSpec::Cpu,
         precision,
         instances: 1,
         batching: BatchingConfig::default(),
@@ -146,6 +152,88 @@ fn bad_configurations_are_refused_with_the_field_named() {
         assert!(err.contains(expected), "expected {expected:?} in {err:?}");
     }
 }
+
+/// A network wide enough for real matrix products: `WIDE` layers, relu then tanh, weights scaled by 1/√fan-in,
+/// from a fixed-seed generator. Returns the weights file and the f64 reference outputs for `wide_inputs()`.
+const WIDE: [usize; 4] = [256, 1024, 1024, 16];
+const WIDE_ROWS: usize = 64;
+
+fn lcg(state: &mut u64) -> f32 {
+    *state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    ((*state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+fn wide_inputs() -> Vec<f32> {
+    let mut state = 7;
+    (0..WIDE_ROWS * WIDE[0]).map(|_| lcg(&mut state)).collect()
+}
+
+fn write_wide(dir: &Path) -> (std::path::PathBuf, Vec<f64>) {
+    let mut state = 42;
+    let cpu = Device::Cpu;
+    let mut weights = HashMap::new();
+    let mut layers = Vec::new();
+    for (i, io) in WIDE.windows(2).enumerate() {
+        let (fan_in, fan_out) = (io[0], io[1]);
+        let scale = 1.0 / (fan_in as f32).sqrt();
+        let w: Vec<f32> = (0..fan_in * fan_out).map(|_| lcg(&mut state) * scale).collect();
+        let b: Vec<f32> = (0..fan_out).map(|_| lcg(&mut state) * 0.1).collect();
+        let tensor =
+            |v: &[f32], shape: &[usize]| candle_core::Tensor::from_vec(v.to_vec(), shape, &cpu).expect("tensor");
+        weights.insert(format!("fc{}.weight", i + 1), tensor(&w, &[fan_out, fan_in]));
+        weights.insert(format!("fc{}.bias", i + 1), tensor(&b, &[fan_out]));
+        layers.push((w, b, fan_in, fan_out));
+    }
+    let path = dir.join("wide.safetensors");
+    candle_core::safetensors::save(&weights, &path).expect("save");
+    let mut x: Vec<f64> = wide_inputs().into_iter().map(f64::from).collect();
+    for (i, (w, b, fan_in, fan_out)) in layers.iter().enumerate() {
+        let mut y = vec![0f64; WIDE_ROWS * fan_out];
+        for r in 0..WIDE_ROWS {
+            for o in 0..*fan_out {
+                let dot: f64 = (0..*fan_in).map(|k| f64::from(w[o * fan_in + k]) * x[r * fan_in + k]).sum();
+                let v = dot + f64::from(b[o]);
+                y[r * fan_out + o] = match i {
+                    0 => v.max(0.0),
+                    1 => v.tanh(),
+                    _ => v,
+                };
+            }
+        }
+        x = y;
+    }
+    (path, x)
+}
+
+/// The wide network on `device` in each precision agrees with the f64 reference: the largest error, relative to
+/// the largest output, stays within what the precision's rounding allows.
+fn wide_network_agrees_with_f64(device: DeviceSpec, expect_device: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (file, want) = write_wide(dir.path());
+    let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+    for (precision, tolerance) in [(Precision::Fp32, 1e-5), (Precision::Fp16, 1e-2), (Precision::Bf16, 5e-2)] {
+        let mut c = config(dir.path(), file.clone(), Some(precision));
+        c.device = device;
+        let candle = c.candle.as_mut().expect("candle");
+        candle.layers = WIDE.to_vec();
+        candle.activations = vec!["relu".into(), "tanh".into(), "none".into()];
+        let mut engine = CandleEngine::load(&c, Precision::Fp32).expect("loads");
+        assert_eq!(engine.metadata().device, expect_device);
+        let x = Tensor::from_slice(vec![WIDE_ROWS, WIDE[0]], &wide_inputs()).expect("valid");
+        let got = engine.run(&[x]).expect("runs")[0].to_vec::<f32>().expect("fp32");
+        let error = got.iter().zip(&want).fold(0f64, |m, (g, w)| m.max((f64::from(*g) - w).abs())) / scale;
+        eprintln!("wide network, {precision} on {expect_device}: largest error {error:.2e} of the largest output");
+        assert!(error <= tolerance, "{precision} on {expect_device}: relative error {error:.2e} > {tolerance:.0e}");
+    }
+}
+
+#[test]
+fn a_wide_network_on_the_cpu_agrees_with_f64() {
+    wide_network_agrees_with_f64(DeviceSpec::Cpu, "cpu");
+}
+
+#[cfg(feature = "cuda")]
+mod gpu;
 
 #[cfg(not(feature = "cuda"))]
 #[test]
