@@ -3,9 +3,10 @@
 #  1. cargo test: unit, end-to-end and binary tests; each benchmark once;
 #  2. the Python tests, in .venv: Triton's own HTTP client against the inferd binary step 1 built, the OpenAPI
 #     document, and the deployment files (hadolint, Kubernetes schemas, azure-ai-ml, ACI, probes against inferd);
-#  3. the GPU build: `cargo check --features cuda` with nvcc from the CUDA 13 wheels (scripts/check-cuda.sh; the
-#     first run downloads ~100 MB and compiles candle's kernels for ~8 minutes). INFERD_SKIP_CUDA_CHECK=1 skips it
-#     for a quick local run; CI never sets it.
+#  3. the GPU bundle: the CUDA release build of inferd, inferd-bench and the GPU tests, linked without a GPU and
+#     packed for scripts/gpu-check.sh (scripts/gpu-bundle.sh; the first run downloads ~100 MB of NVIDIA's compiler
+#     wheels and builds for ~17 minutes, candle's kernels included). INFERD_SKIP_GPU_BUNDLE=1 skips it for a quick
+#     local run; CI never sets it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -16,8 +17,8 @@ cargo build --locked -p inferd-benches --bin inferd-bench
 ./scripts/venv.sh .venv tests/python/requirements.txt
 INFERD_BIN=target/debug/inferd .venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
-if [ "${INFERD_SKIP_CUDA_CHECK:-0}" = 1 ]; then
-    echo "test: INFERD_SKIP_CUDA_CHECK=1: the GPU build check is skipped" >&2
+if [ "${INFERD_SKIP_GPU_BUNDLE:-0}" = 1 ]; then
+    echo "test: INFERD_SKIP_GPU_BUNDLE=1: the GPU bundle is not built" >&2
 else
-    ./scripts/check-cuda.sh
+    ./scripts/gpu-bundle.sh
 fi

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Builds the GPU bundle on a machine without a GPU: everything scripts/gpu-check.sh needs to run inferd's GPU paths
+# on a GPU machine that has no Rust toolchain and no network. Prints the bundle folder's path as its last line.
+#
+#  1. The CUDA 13 compiler from NVIDIA's wheels on PyPI (about 100 MB, once, into .cache/cuda13).
+#  2. Link-time stubs of libcuda and of cuBLAS/cuRAND/NVRTC (scripts/cuda-link-stubs.sh), in that toolkit's
+#     lib/stubs folder where cudarc's build looks: the binaries link here and load the real libraries there.
+#  3. `cargo build --release --features cuda` of `inferd` and `inferd-bench`, and the GPU test executables
+#     (`cargo test --release --no-run --features cuda`), in target/cuda so the CPU build stays valid. candle's
+#     kernels compile for CUDA_COMPUTE_CAP (default 90: H100 and H200), about 7 minutes the first time.
+#  4. The bundle, target/gpu-bundle: binaries and tests stripped and packed with the bundled models, the test data
+#     and gpu-check.sh into one xz archive, checked to be at most 60 MiB (the GPU machine takes 64 MiB in all).
+#
+# The test command (scripts/test.sh) runs this, so the GPU build never rots. What the GPU machine must bring itself:
+# the NVIDIA driver (libcuda.so.1, libnvidia-ml.so.1, nvidia-smi), and libcublas.so.13, libcublasLt.so.13,
+# libcurand.so.10 and libnvrtc.so.13 from NVIDIA's wheels (nvidia-cublas, nvidia-curand, nvidia-cuda-nvrtc), which
+# gpu-check.sh finds in the machine's Python site-packages or on LD_LIBRARY_PATH.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+WHEELS=(nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96
+        nvidia-cuda-cccl==13.0.85)
+CUDA_DIR=.cache/cuda13
+TARGET_DIR=target/cuda
+BUNDLE_DIR=target/gpu-bundle
+MAX_BUNDLE_BYTES=$((60 * 1024 * 1024))
+export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
+
+# The bundled models, MiniLM among them, and the Python that converts its weights.
+./scripts/setup.sh
+
+# 1. The compiler.
+STAMP="$CUDA_DIR/installed: ${WHEELS[*]}"
+if [ ! -f "$STAMP" ]; then
+    echo "gpu-bundle: fetching the CUDA 13 compiler wheels into $CUDA_DIR" >&2
+    rm -rf "$CUDA_DIR"
+    python3 -m pip install --quiet --disable-pip-version-check --no-deps --target "$CUDA_DIR/site" "${WHEELS[@]}"
+    touch "$STAMP"
+fi
+export CUDA_ROOT="$PWD/$CUDA_DIR/site/nvidia/cu13"
+export CUDA_PATH="$CUDA_ROOT"
+export PATH="$CUDA_ROOT/bin:$PATH"
+# The wheel has the CUDA runtime (which candle's MoE kernels link) without the toolkit's unversioned link name.
+ln -sfn libcudart.so.13 "$CUDA_ROOT/lib/libcudart.so"
+nvcc --version | tail -n 2 >&2
+
+# 2. The link stubs, made again whenever cudarc or the generator changes.
+FEATURES=inferd-server/cuda,inferd-benches/cuda,inferd-candle/cuda
+cudarc=$(cargo metadata --locked --format-version 1 --features "$FEATURES" --filter-platform "$(rustc -vV | sed -n 's/^host: //p')" \
+    | python3 -c 'import json,sys,os; print(next(os.path.dirname(p["manifest_path"]) for p in json.load(sys.stdin)["packages"] if p["name"] == "cudarc"))')
+STUBS="$CUDA_ROOT/lib/stubs"
+STUB_STAMP="$STUBS/made-from-$(basename "$cudarc")-$(sha256sum scripts/cuda-link-stubs.sh | cut -c1-16)"
+if [ ! -f "$STUB_STAMP" ]; then
+    rm -rf "$STUBS"
+    scripts/cuda-link-stubs.sh "$cudarc" "$STUBS"
+    touch "$STUB_STAMP"
+fi
+
+# 3. The GPU build, in one cargo invocation so that every target shares one feature resolution (and candle's kernels
+# compile once): the two binaries and the GPU tests, candle's engine test (device selection, precision casts, GPU
+# memory limits) and the NVML probe against nvidia-smi.
+artifacts=$(mktemp)
+trap 'rm -f "$artifacts"' EXIT
+cargo build --locked --release --target-dir "$TARGET_DIR" -p inferd-server -p inferd-benches -p inferd-candle \
+    --features "$FEATURES" --bins --test engine --test nvml --message-format json-render-diagnostics >"$artifacts"
+mapfile -t built < <(python3 - "$artifacts" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        kind = "test" if m["profile"]["test"] else "bin"
+        print(f"{kind} {m['target']['name']} {m['executable']}")
+PY
+)
+printf '%s\n' "${built[@]}" >&2
+
+# 4. The bundle. Link stubs never enter it; both binaries must name the driver's libcuda.so.1, and none a RUNPATH.
+STAGE=$TARGET_DIR/bundle/inferd-gpu
+rm -rf "$TARGET_DIR/bundle" "$BUNDLE_DIR"
+mkdir -p "$STAGE/bin" "$STAGE/tests" "$STAGE/data" "$STAGE/models" "$BUNDLE_DIR"
+for entry in "${built[@]}"; do
+    read -r kind name path <<<"$entry"
+    dest="$STAGE/bin/$name"
+    [ "$kind" = test ] && dest="$STAGE/tests/$name"
+    strip -o "$dest" "$path"
+    if [ "$kind" = bin ] && ! readelf -d "$dest" | grep -q 'NEEDED.*\[libcuda\.so\.1\]'; then
+        echo "gpu-bundle: $name does not link the CUDA driver: not a GPU build" >&2
+        exit 1
+    fi
+    if readelf -d "$dest" | grep -qE 'RPATH|RUNPATH'; then
+        echo "gpu-bundle: $name has a RUNPATH; the GPU machine's own libraries must load" >&2
+        exit 1
+    fi
+done
+cp -r models/digits models/digits-candle "$STAGE/models/"
+# MiniLM's weights travel in FP16 (45 MB; FP32 is 91 MB and would not fit): the check serves the same file on the
+# CPU and on the GPU, so their outputs stay comparable, in FP32 and FP16 alike.
+mkdir -p "$STAGE/models/minilm"
+cp -r models/minilm/{model.toml,config.json,tokenizer.json,modules.json,sentence_bert_config.json,1_Pooling} \
+    "$STAGE/models/minilm/"
+"${INFERD_CACHE_DIR:-.cache}/modelenv/bin/python" - models/minilm/model.safetensors \
+    "$STAGE/models/minilm/model.safetensors" <<'PY'
+import sys
+import numpy as np
+from safetensors.numpy import load_file, save_file
+weights = load_file(sys.argv[1])
+save_file({k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in weights.items()}, sys.argv[2],
+          metadata={"format": "pt", "inferd": "all-MiniLM-L6-v2 in FP16 for the GPU bundle"})
+PY
+cp tests/data/digits_heldout.json "$STAGE/data/"
+cp scripts/gpu-check.sh scripts/gpu_check.py "$STAGE/"
+{
+    echo "inferd GPU bundle"
+    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) with $(rustc --version), $(nvcc --version | tail -n 1)"
+    echo "kernels for: sm_${CUDA_COMPUTE_CAP}"
+    echo "the GPU machine brings: the NVIDIA driver (libcuda.so.1, libnvidia-ml.so.1, nvidia-smi); libcublas.so.13,"
+    echo "  libcublasLt.so.13, libcurand.so.10, libcudart.so.13 and libnvrtc.so.13 from NVIDIA's wheels; python3"
+    echo "files:"
+    (cd "$STAGE" && find . -type f -printf '  %p %s\n' | sort)
+} >"$STAGE/MANIFEST"
+if find "$STAGE" -name 'libcu*.so*' -o -name 'libnvrtc*' -o -name '*stub*' | grep -q .; then
+    echo "gpu-bundle: a CUDA library or stub is in the bundle" >&2
+    exit 1
+fi
+# A large dictionary finds what the binaries share (candle's kernels, most of the code): 210 MB of binaries pack
+# into about 13 MB. Python's tarfile reads it, so the GPU machine needs no xz.
+archive="$BUNDLE_DIR/inferd-gpu.tar.xz"
+tar -C "$TARGET_DIR/bundle" -cf - inferd-gpu | xz --lzma2=preset=1,dict=256MiB -T1 >"$archive"
+size=$(stat -c %s "$archive")
+echo "gpu-bundle: $archive: $((size / 1024 / 1024)) MiB ($(du -sm "$STAGE" | cut -f1) MiB unpacked)" >&2
+if [ "$size" -gt "$MAX_BUNDLE_BYTES" ]; then
+    echo "gpu-bundle: the bundle is over 60 MiB: it cannot travel to a GPU machine" >&2
+    exit 1
+fi
+cd "$BUNDLE_DIR" && pwd

@@ -1,0 +1,546 @@
+#!/usr/bin/env python3
+"""The GPU check: runs inferd's GPU paths on a machine with an NVIDIA GPU, from the bundle that
+scripts/gpu-bundle.sh made, and ends with one table. Exit status 1 when any check failed.
+
+Started by gpu-check.sh (in the bundle's root, beside this file). Standard library only: the GPU machine has a
+Python but no network and no Rust toolchain.
+
+  1. nvidia-smi, and the CUDA libraries the binaries need: the driver's, and cuBLAS/cuRAND/NVRTC from the
+     machine's Python site-packages (NVIDIA's wheels) or LD_LIBRARY_PATH; `ldd -r` proves every symbol resolves
+     to a real library, never to a link stub.
+  2. The GPU test executables (device selection, precision casts, GPU memory limits, NVML against nvidia-smi).
+  3. `inferd serve` on a repository of CPU and `device = "cuda:0"` variants of the bundled models:
+     (a) /health names the GPU, its memory and driver as nvidia-smi does, and GPU memory grew as models loaded;
+     (b) every GPU variant's outputs agree with the CPU's within its precision's tolerance;
+     (c) `inferd-bench engine` throughput at batch 1, 8, 64, 256 in each precision;
+     (d) HTTP at 64 clients, with the GPU's busy percentage sampled through nvidia-smi (NVML) during the run.
+  4. ONNX Runtime's CUDA execution provider, where an onnxruntime-gpu >= 1.31 is installed on the machine.
+"""
+
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import shutil
+import site
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+MIB = 1 << 20
+# Libraries the GPU build loads: the driver's two, then the toolkit's (NVIDIA's wheels).
+DRIVER_LIBS = ["libcuda.so.1", "libnvidia-ml.so.1"]
+TOOLKIT_LIBS = ["libcublas.so.13", "libcublasLt.so.13", "libcurand.so.10", "libcudart.so.13", "libnvrtc.so.13"]
+# Largest |gpu - cpu| over the largest |cpu| output a precision may give on the digits network.
+DIGITS_TOLERANCE = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 5e-2}
+# Smallest cosine between a GPU and the CPU embedding of the same text.
+MINILM_COSINE = {"fp32": 0.99999, "fp16": 0.999}
+FIGURE = "figure"
+
+
+class Plan:
+    """What the check runs. A rehearsal (`--rehearse`, for the test command on a machine without a GPU) runs the
+    same steps with the CPU build, `cpu` in place of `cuda:0`, and short runs; what needs a GPU is "not run"."""
+
+    def __init__(self, rehearse):
+        self.rehearse = rehearse
+        self.gpu = "cpu" if rehearse else "cuda:0"
+        self.engine_batches = "1,8" if rehearse else "1,8,64,256"
+        self.engine_seconds = ("0.2", "0.5") if rehearse else ("1", "2")
+        self.http_seconds = (0.5, 2) if rehearse else (2, 10)
+        # FP16 text on a CPU is slow: a rehearsal's few clients still see answers within its short run.
+        self.clients = 4 if rehearse else 64
+SENTENCES = [
+    "What is dynamic batching?",
+    "A GPU inference server groups concurrent requests into batches per model.",
+    "GPUs",
+    "The quick brown fox jumps over the lazy dog.",
+    "Wie spät ist es? Es ist halb acht.",
+    "東京は日本の首都です。",
+    "Привет, как дела?",
+    "Emoji 🚀 and punctuation!!! ... ???",
+    "x",
+    " ".join(["Long inputs are cut at the model's maximum sequence length of two hundred and fifty-six tokens."] * 20),
+]
+
+
+class Table:
+    """The rows of the final table: check, subject, result (pass, FAIL, not run), figure."""
+
+    def __init__(self):
+        self.rows = []
+
+    def add(self, check, subject, ok, figure):
+        """`ok`: True (pass), False (FAIL), None (not run), or FIGURE for a row that only reports."""
+        result = {None: "not run", FIGURE: "figure"}.get(ok) or ("pass" if ok else "FAIL")
+        self.rows.append((check, subject, result, figure))
+        print(f"gpu-check: {check} | {subject} | {result} | {figure}", flush=True)
+        return ok
+
+    def failed(self):
+        return any(r[2] == "FAIL" for r in self.rows)
+
+    def markdown(self):
+        lines = ["| check | subject | result | figure |", "| --- | --- | --- | --- |"]
+        lines += [f"| {c} | {s} | {r} | {f} |" for c, s, r, f in self.rows]
+        return "\n".join(lines)
+
+
+def run(cmd, timeout, env=None, log=None):
+    """Runs a command; returns (exit status, output). A command past its timeout is killed: status 124."""
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+        out, status = p.stdout.decode(errors="replace"), p.returncode
+    except subprocess.TimeoutExpired as e:
+        out, status = (e.stdout or b"").decode(errors="replace") + f"\n(killed after {timeout} s)", 124
+    except OSError as e:
+        out, status = str(e), 127
+    if log:
+        with open(log, "w") as f:
+            f.write(out)
+    return status, out
+
+
+def smi(query):
+    """One row of `nvidia-smi --query-gpu` for GPU 0, as a dict."""
+    status, out = run(["nvidia-smi", "-i", "0", f"--query-gpu={query}", "--format=csv,noheader,nounits"], 30)
+    if status != 0:
+        raise RuntimeError(f"nvidia-smi: {out.strip()}")
+    return dict(zip(query.split(","), (v.strip() for v in out.strip().splitlines()[0].split(","))))
+
+
+# 1. Libraries.
+
+def library_dirs():
+    """Folders that may hold NVIDIA's libraries, best first; never a `stubs` folder."""
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    packages = list(site.getsitepackages()) + [site.getusersitepackages()]
+    for sp in packages:
+        dirs += sorted(glob.glob(os.path.join(sp, "nvidia", "cu13", "lib")))
+        dirs += sorted(glob.glob(os.path.join(sp, "nvidia", "*", "lib")))
+    dirs += ["/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/local/cuda/lib64",
+             "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib64"]
+    return [d for d in dict.fromkeys(dirs) if os.path.isdir(d) and "stubs" not in d.split(os.sep)]
+
+
+def find_libraries(table):
+    """Finds each library; returns the LD_LIBRARY_PATH that makes them all load, or None."""
+    dirs = library_dirs()
+    status, cache = run(["ldconfig", "-p"], 30)
+    found, chosen = {}, []
+    for lib in DRIVER_LIBS + TOOLKIT_LIBS:
+        where = next((d for d in dirs if os.path.exists(os.path.join(d, lib))), None)
+        if where is None and status == 0:
+            m = re.search(rf"\s{re.escape(lib)} \(.*\) => (\S+)", cache)
+            where = os.path.dirname(m.group(1)) if m else None
+        found[lib] = where
+        if where and where not in chosen:
+            chosen.append(where)
+    missing = [lib for lib, where in found.items() if where is None]
+    figure = "; ".join(f"{lib} in {where}" for lib, where in found.items() if where)
+    if missing:
+        figure = f"missing: {', '.join(missing)}; " + figure
+    table.add("libraries", "driver, cuBLAS, cuRAND, CUDA runtime, NVRTC", not missing, figure)
+    if missing:
+        return None
+    return ":".join(chosen + [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d])
+
+
+def check_links(table, bundle, env):
+    """`ldd -r`: every needed library and symbol of the binaries resolves, and none to a link stub."""
+    ok = True
+    for name in ("inferd", "inferd-bench"):
+        status, out = run(["ldd", "-r", os.path.join(bundle, "bin", name)], 60, env=env)
+        problems = [l.strip() for l in out.splitlines()
+                    if "not found" in l or "undefined symbol" in l or "/stubs/" in l]
+        resolved = dict(re.findall(r"^\s*(\S+) => (\S+)", out, re.M))
+        cuda = [f"{lib} from {resolved[lib]}" for lib in DRIVER_LIBS + TOOLKIT_LIBS if lib in resolved]
+        good = status == 0 and not problems and "libcuda.so.1" in resolved
+        ok &= table.add("links", name, good, "; ".join(problems[:4]) if problems else "; ".join(cuda))
+    return ok
+
+
+# 2. Test executables.
+
+def run_tests(table, bundle, env, results):
+    for exe in sorted(glob.glob(os.path.join(bundle, "tests", "*"))):
+        name = os.path.basename(exe)
+        started = time.monotonic()
+        # One at a time: a test that holds most of the GPU's memory must not meet another's allocations.
+        status, out = run([exe, "--test-threads=1", "--nocapture"], 600, env=dict(env, RUST_BACKTRACE="1"),
+                          log=os.path.join(results, f"test-{name}.log"))
+        counts = re.findall(r"test result: \w+\. (\d+) passed; (\d+) failed", out)
+        passed = sum(int(p) for p, _ in counts)
+        failed = sum(int(f) for _, f in counts)
+        failures = re.findall(r"^failures:\n((?:    \S+\n)+)", out, re.M)
+        figure = f"{passed} passed, {failed} failed in {time.monotonic() - started:.0f} s"
+        if failures:
+            figure += ": " + ", ".join(failures[-1].split())
+        # What the tests measured on the GPU, e.g. the wide network's error in each precision.
+        measured = re.findall(r"^wide network, (\w+) on cuda:\d+: largest error (\S+)", out, re.M)
+        if measured:
+            figure += "; wide network's largest error: " + ", ".join(f"{p} {e}" for p, e in measured)
+        table.add("tests", name, status == 0 and passed > 0 and failed == 0, figure)
+
+
+# 3. The server.
+
+def variant(src, dst, device, precision):
+    """A copy of model folder `src` at `dst` (links to its files) with `device` and `precision` set."""
+    os.makedirs(dst)
+    for entry in os.listdir(src):
+        if entry != "model.toml":
+            os.symlink(os.path.join(src, entry), os.path.join(dst, entry))
+    kept, top = [], True
+    for line in open(os.path.join(src, "model.toml")).read().splitlines():
+        top = top and not line.lstrip().startswith("[")
+        if top and re.match(r"\s*(device|precision|instances)\s*=", line):
+            continue
+        kept.append(line)
+    with open(os.path.join(dst, "model.toml"), "w") as f:
+        f.write(f'device = "{device}"\nprecision = "{precision}"\ninstances = 1\n' + "\n".join(kept) + "\n")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(base, path, body=None, timeout=60):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base + path, data=data, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        body = e.read().decode(errors="replace")
+        try:
+            return e.code, json.loads(body)
+        except ValueError:
+            return e.code, body
+
+
+class Server:
+    def __init__(self, bundle, repo, env, results, onnxruntime_lib):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = open(os.path.join(results, "server.log"), "w")
+        cmd = [os.path.join(bundle, "bin", "inferd"), "serve", "--models", repo, "--host", "127.0.0.1",
+               "--port", str(self.port), "--gpu-refresh-ms", "500", "--max-rows", "4096"]
+        if onnxruntime_lib:
+            cmd += ["--onnxruntime-lib", onnxruntime_lib]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_loaded(self, timeout):
+        """Waits until every model has loaded or failed; returns what went wrong, or None."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.flush()
+                tail = open(self.log.name, errors="replace").read().strip().splitlines()[-3:]
+                return f"inferd exited with {self.proc.returncode}: " + " / ".join(tail)
+            try:
+                health = http(self.base, "/health", timeout=5)[1]
+                states = {m["name"]: (m["state"], m.get("error")) for m in health["models"]}
+            except (OSError, TypeError, KeyError):
+                states = {}
+            if states and all(state != "loading" for state, _ in states.values()):
+                failed = [f"{name}: {error.splitlines()[0]}" for name, (state, error) in states.items()
+                          if state != "ready"]
+                return "; ".join(failed) or None
+            time.sleep(0.5)
+        return f"the models were still loading after {timeout} s"
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
+def check_health(table, server, models, baseline_used_mib):
+    """(a); with no baseline (a rehearsal), only the models' devices and precisions."""
+    status, health = http(server.base, "/health")
+    if status != 200 or not isinstance(health, dict):
+        return table.add("health", "/health", False, f"answered {status}: {str(health)[:200]}")
+    check_models(table, health, models)
+    if baseline_used_mib is None:
+        return
+    if not health.get("gpus"):
+        return table.add("health", "GPU 0", False, f"/health lists no GPU: {str(health)[:200]}")
+    want = smi("name,uuid,memory.total,driver_version")
+    gpu = health["gpus"][0]
+    got = {"name": gpu["name"], "uuid": gpu["uuid"], "memory.total": str(gpu["memory_total_bytes"] // MIB),
+           "driver_version": gpu["driver_version"]}
+    same = got == want and health.get("gpu_available") is True
+    table.add("health", "GPU 0 vs nvidia-smi", same,
+              f"{got['name']}, {got['memory.total']} MiB, driver {got['driver_version']}" if same
+              else f"/health {got} vs nvidia-smi {want}")
+    # The snapshot refreshes every 500 ms: wait for one taken after the models loaded.
+    grown = 0
+    for _ in range(20):
+        used = http(server.base, "/health")[1]["gpus"][0]["memory_used_bytes"] // MIB
+        grown = used - baseline_used_mib
+        if grown >= 64:
+            break
+        time.sleep(0.5)
+    table.add("health", "GPU memory used", grown >= 64,
+              f"{baseline_used_mib} MiB before inferd, {baseline_used_mib + grown} MiB with its models (+{grown})")
+
+
+def check_models(table, health, models):
+    by_name = {m["name"]: m for m in health["models"]}
+    wrong = [f"{name}: {by_name.get(name)}" for name, (device, precision) in models.items()
+             if not by_name.get(name, {}).get("ready") or by_name[name]["device"] != device
+             or by_name[name]["precision"] != precision]
+    table.add("health", "models ready where configured", not wrong,
+              "; ".join(wrong)[:300] if wrong else f"{len(models)} models")
+
+
+def cosine(a, b):
+    dot = sum(x * y for x, y in zip(a, b))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)) or 1.0)
+
+
+def check_outputs(table, server, pixels, gpu_models, cpu_model, kind):
+    """(b): each GPU variant against the CPU one, on the same inputs."""
+    if kind == "digits":
+        status, cpu = http(server.base, f"/models/{cpu_model}/predict", {"input": pixels})
+    else:
+        status, cpu = http(server.base, f"/models/{cpu_model}/embed", {"inputs": SENTENCES})
+    if status != 200:
+        return table.add("outputs", cpu_model, False, f"{status}: {str(cpu)[:200]}")
+    for model, precision in gpu_models:
+        if kind == "digits":
+            status, got = http(server.base, f"/models/{model}/predict", {"input": pixels})
+            if status != 200:
+                table.add("outputs", model, False, f"{status}: {str(got)[:200]}")
+                continue
+            want, got = cpu["prediction"], got["prediction"]
+            scale = max(abs(v) for row in want for v in row)
+            error = max(abs(g - w) for gr, wr in zip(got, want) for g, w in zip(gr, wr)) / scale
+            same_class = sum(gr.index(max(gr)) == wr.index(max(wr)) for gr, wr in zip(got, want))
+            tolerance = DIGITS_TOLERANCE[precision]
+            table.add("outputs", f"{model} vs {cpu_model}", error <= tolerance and len(got) == len(want),
+                      f"max error {error:.1e} of the largest output (tolerance {tolerance:.0e}); same digit "
+                      f"{same_class}/{len(want)}")
+        else:
+            status, got = http(server.base, f"/models/{model}/embed", {"inputs": SENTENCES})
+            if status != 200:
+                table.add("outputs", model, False, f"{status}: {str(got)[:200]}")
+                continue
+            worst = min(cosine(g, w) for g, w in zip(got, cpu))
+            floor = MINILM_COSINE[precision]
+            table.add("outputs", f"{model} vs {cpu_model}", worst >= floor and len(got) == len(cpu),
+                      f"lowest cosine {worst:.6f} over {len(got)} texts (at least {floor})")
+
+
+def engine_bench(table, plan, bundle, repo, model, env, results):
+    """(c): `inferd-bench engine` at each batch size; returns {batch: rows/s}."""
+    name = f"engine-{model}"
+    warmup, duration = plan.engine_seconds
+    status, out = run([os.path.join(bundle, "bin", "inferd-bench"), "engine", "--model-dir",
+                       os.path.join(repo, model), "--batch-sizes", plan.engine_batches, "--warmup", warmup,
+                       "--duration", duration, "--out", results, "--name", name], 300, env=env,
+                      log=os.path.join(results, f"{name}.log"))
+    try:
+        reports = json.load(open(os.path.join(results, f"{name}.json")))
+        rates = {r["batch_size"]: r["rows_per_s"] for r in reports}
+    except (OSError, ValueError, KeyError):
+        rates = {}
+    ok = status == 0 and len(rates) == len(plan.engine_batches.split(","))
+    table.add("engine rows/s", model, ok, ", ".join(f"b{b}: {r:,.0f}" for b, r in sorted(rates.items()))
+              if ok else out.strip().splitlines()[-1:] or "no output")
+    return rates
+
+
+class Sampler:
+    """GPU 0's busy percentage from nvidia-smi (NVML) every 200 ms, stamped with this process's clock."""
+
+    def __init__(self):
+        self.samples = []
+        self.proc = subprocess.Popen(["nvidia-smi", "-i", "0", "--query-gpu=utilization.gpu",
+                                      "--format=csv,noheader,nounits", "-lms", "200"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                self.samples.append((time.monotonic(), float(line.strip())))
+            except ValueError:
+                pass
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+    def between(self, start, end):
+        return [v for t, v in self.samples if start <= t <= end]
+
+
+def http_bench(table, plan, bundle, server, model, protocol, env, results):
+    """(d): 64 clients for 10 s against the server, the GPU's busy percentage sampled meanwhile."""
+    check = f"http c={plan.clients}"
+    name = f"http-{model}"
+    warmup, duration = plan.http_seconds
+    sampler = None if plan.rehearse else Sampler()
+    started = time.monotonic()
+    status, out = run([os.path.join(bundle, "bin", "inferd-bench"), "http", "--url", server.base, "--model", model,
+                       "--protocol", protocol, "--concurrency", str(plan.clients), "--warmup", str(warmup), "--duration",
+                       str(duration), "--quiet", "--out", results, "--name", name], 120, env=env,
+                      log=os.path.join(results, f"{name}.log"))
+    ended = time.monotonic()
+    if sampler:
+        sampler.stop()
+    busy = sampler.between(started + warmup, ended) if sampler else []
+    try:
+        report = json.load(open(os.path.join(results, f"{name}.json")))[0]
+    except (OSError, ValueError, IndexError):
+        return table.add(check, model, False, (out.strip().splitlines() or ["no output"])[-1])
+    errors = sum(report["errors"].values())
+    mean_busy = sum(busy) / len(busy) if busy else 0.0
+    figure = (f"{report['rows_per_s']:,.0f} rows/s, p50 {report['latency_us']['p50'] / 1e3:.1f} ms, "
+              f"p99 {report['latency_us']['p99'] / 1e3:.1f} ms, mean batch {report.get('mean_batch_rows') or 0:.1f}, "
+              f"{errors} errors")
+    if sampler:
+        figure += f"; GPU busy {mean_busy:.0f}% mean, {max(busy, default=0):.0f}% max ({len(busy)} samples)"
+    ok = status == 0 and errors == 0 and report["requests_ok"] > 0 and (plan.rehearse or mean_busy > 0)
+    table.add(check, model, ok, figure)
+
+
+def onnxruntime_gpu():
+    """A libonnxruntime >= 1.31 with its CUDA provider beside it, from the machine's Python, or None."""
+    for sp in list(site.getsitepackages()) + [site.getusersitepackages()]:
+        capi = os.path.join(sp, "onnxruntime", "capi")
+        if not os.path.exists(os.path.join(capi, "libonnxruntime_providers_cuda.so")):
+            continue
+        for lib in sorted(glob.glob(os.path.join(capi, "libonnxruntime.so.1.*"))):
+            minor = re.search(r"\.so\.1\.(\d+)", lib)
+            if minor and int(minor.group(1)) >= 31:
+                return lib
+    return None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bundle", required=True, help="the unpacked bundle")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="no GPU: run every step that can on the CPU build, briefly (the test command does)")
+    parser.add_argument("results", nargs="?", default="/tmp/inferd-gpu-check", help="folder for logs and the table")
+    args = parser.parse_args()
+    bundle, results = os.path.abspath(args.bundle), os.path.abspath(args.results)
+    os.makedirs(results, exist_ok=True)
+    table = Table()
+    try:
+        check(table, Plan(args.rehearse), bundle, results)
+    except Exception as e:  # a broken check is a failed check, reported in the table
+        table.add("gpu-check", "itself", False, f"{type(e).__name__}: {e}")
+    print("\n" + table.markdown())
+    with open(os.path.join(results, "table.md"), "w") as f:
+        f.write(table.markdown() + "\n")
+    return 1 if table.failed() else 0
+
+
+def check(table, plan, bundle, results):
+    print(open(os.path.join(bundle, "MANIFEST")).read(), flush=True)
+    if plan.rehearse:
+        env = dict(os.environ)
+        table.add("gpu", "nvidia-smi, libraries, links, tests, GPU memory and busy", None, "a rehearsal on the CPU")
+    else:
+        status, out = run(["nvidia-smi"], 60)
+        print(out, flush=True)
+        if status != 0:
+            table.add("nvidia-smi", "GPU 0", False, (out.strip().splitlines() or ["no output"])[-1])
+            return
+        gpu = smi("name,memory.total,driver_version")
+        table.add("nvidia-smi", "GPU 0", True,
+                  f"{gpu['name']}, {gpu['memory.total']} MiB, driver {gpu['driver_version']}")
+        library_path = find_libraries(table)
+        if library_path is None:
+            return
+        env = dict(os.environ, LD_LIBRARY_PATH=library_path)
+        if not check_links(table, bundle, env):
+            return
+        run_tests(table, bundle, env, results)
+
+    models = os.path.join(bundle, "models")
+    repo = os.path.join(results, "repository")
+    shutil.rmtree(repo, ignore_errors=True)
+    served = {}  # name -> (device, precision)
+
+    def add(src, name, device, precision):
+        variant(os.path.join(models, src), os.path.join(repo, name), device, precision)
+        served[name] = (device, precision)
+
+    add("digits-candle", "digits-cpu", "cpu", "fp32")
+    for p in ("fp32", "fp16", "bf16"):
+        add("digits-candle", f"digits-gpu-{p}", plan.gpu, p)
+    minilm = os.path.exists(os.path.join(models, "minilm", "model.safetensors"))
+    if minilm:
+        add("minilm", "minilm-cpu", "cpu", "fp32")
+        for p in ("fp32", "fp16"):
+            add("minilm", f"minilm-gpu-{p}", plan.gpu, p)
+    else:
+        table.add("minilm", "text model", None, "its weights are not in this bundle")
+    ort = None if plan.rehearse else onnxruntime_gpu()
+    if ort:
+        add("digits", "digits-onnx-cpu", "cpu", "fp32")
+        add("digits", "digits-onnx-gpu", "cuda:0", "fp32")
+    elif not plan.rehearse:
+        table.add("onnx cuda", "digits", None, "no onnxruntime-gpu >= 1.31 on this machine; its CUDA provider library "
+                  "(284 MB, 186 MB compressed) cannot travel in the bundle")
+
+    baseline = None if plan.rehearse else int(smi("memory.used")["memory.used"])
+    server = Server(bundle, repo, env, results, ort)
+    try:
+        problem = server.wait_loaded(300)
+        if problem:
+            table.add("server", "inferd serve", False, problem[:600])
+            return
+        table.add("server", "inferd serve", True, f"{len(served)} models ready")
+        check_health(table, server, served, baseline)  # in a rehearsal: the models' devices and precisions
+        pixels = json.load(open(os.path.join(bundle, "data", "digits_heldout.json")))["pixels"]
+        check_outputs(table, server, pixels, [(f"digits-gpu-{p}", p) for p in ("fp32", "fp16", "bf16")],
+                      "digits-cpu", "digits")
+        if minilm:
+            check_outputs(table, server, None, [(f"minilm-gpu-{p}", p) for p in ("fp32", "fp16")], "minilm-cpu",
+                          "minilm")
+        if ort:
+            check_outputs(table, server, pixels, [("digits-onnx-gpu", "fp32")], "digits-onnx-cpu", "digits")
+        http_bench(table, plan, bundle, server, "digits-gpu-fp32", "predict", env, results)
+        if minilm:
+            http_bench(table, plan, bundle, server, "minilm-gpu-fp16", "embed", env, results)
+    finally:
+        server.stop()
+
+    rates = {}
+    for name in served:
+        if not name.startswith("digits-onnx"):
+            rates[name] = engine_bench(table, plan, bundle, repo, name, env, results)
+    # What the GPU and its lower precisions buy: each GPU variant against the CPU and against the GPU in FP32.
+    for family in ("digits", "minilm"):
+        cpu, fp32 = rates.get(f"{family}-cpu"), rates.get(f"{family}-gpu-fp32")
+        for name, r in rates.items():
+            if not name.startswith(f"{family}-gpu") or not r:
+                continue
+            top = max(r)
+            figures = [f"{r[top] / cpu[top]:.2f}x the CPU"] if cpu else []
+            if fp32 and name != f"{family}-gpu-fp32":
+                figures.append(f"{r[top] / fp32[top]:.2f}x FP32 on the GPU")
+            table.add("engine ratio", name, FIGURE, f"at batch {top}: " + ", ".join(figures))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
