@@ -6,5 +6,6 @@ mod batching;
 mod health;
 mod ops;
 mod predict;
+mod repository;
 mod shutdown;
 mod text;

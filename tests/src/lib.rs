@@ -51,31 +51,42 @@ impl Repo {
 
     /// Adds the test model `tests/data/models/<name>`, made for a test rather than bundled.
     pub fn test_model(self, name: &str) -> Repo {
-        self.copy(name, &workspace().join("tests/data/models").join(name), |t| t)
+        self.copy_test_model(name, |t| t)
+    }
+
+    /// Adds the test model `tests/data/models/<name>`, with `edit` applied to its `model.toml`.
+    pub fn copy_test_model(self, name: &str, edit: impl FnOnce(String) -> String) -> Repo {
+        self.copy(name, &workspace().join("tests/data/models").join(name), edit)
     }
 
     /// Adds the model folder `from` as `name`, with `edit` applied to its `model.toml`.
     fn copy(self, name: &str, from: &Path, edit: impl FnOnce(String) -> String) -> Repo {
-        let to = self.dir.path().join(name);
-        std::fs::create_dir_all(&to).expect("mkdir");
-        let mut edit = Some(edit);
-        for entry in std::fs::read_dir(from).expect("a model folder") {
-            let path = entry.expect("entry").path();
-            let file = path.file_name().expect("a file name");
-            if file == "model.toml" {
-                let text = std::fs::read_to_string(&path).expect("model.toml");
-                let edit = edit.take().expect("one model.toml per model");
-                std::fs::write(to.join(file), edit(text)).expect("write model.toml");
-            } else {
-                copy_tree(&path, &to.join(file));
-            }
-        }
+        copy_model(self.dir.path(), name, from, edit);
         self
     }
 
     /// Adds bundled model `name` as it is.
     pub fn bundled(self, name: &str) -> Repo {
         self.model(name, name, |t| t)
+    }
+}
+
+/// Copies the model folder `from` into the repository `repo` as `name`, with `edit` applied to its `model.toml`:
+/// also to add a model to the repository of a running server.
+pub fn copy_model(repo: &Path, name: &str, from: &Path, edit: impl FnOnce(String) -> String) {
+    let to = repo.join(name);
+    std::fs::create_dir_all(&to).expect("mkdir");
+    let mut edit = Some(edit);
+    for entry in std::fs::read_dir(from).expect("a model folder") {
+        let path = entry.expect("entry").path();
+        let file = path.file_name().expect("a file name");
+        if file == "model.toml" {
+            let text = std::fs::read_to_string(&path).expect("model.toml");
+            let edit = edit.take().expect("one model.toml per model");
+            std::fs::write(to.join(file), edit(text)).expect("write model.toml");
+        } else {
+            copy_tree(&path, &to.join(file));
+        }
     }
 }
 
@@ -411,4 +422,20 @@ pub fn row_body(first: f32) -> String {
     let mut row = vec![0.0f32; 64];
     row[0] = first;
     serde_json::json!({ "input": [row] }).to_string()
+}
+
+/// Adds `delta` to every element of the FP32 tensor `name` in the safetensors file `file`, in place: a model whose
+/// outputs differ from the original's by a known amount (through a bias, say).
+pub fn add_to_tensor(file: &Path, name: &str, delta: f32) {
+    let mut bytes = std::fs::read(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).expect("a safetensors header");
+    let entry = &header[name];
+    assert_eq!(entry["dtype"], "F32", "{name} is FP32");
+    let [start, end] = [0, 1].map(|i| entry["data_offsets"][i].as_u64().expect("offsets") as usize + 8 + header_len);
+    for chunk in bytes[start..end].chunks_exact_mut(4) {
+        let value = f32::from_le_bytes(chunk.try_into().expect("4 bytes")) + delta;
+        chunk.copy_from_slice(&value.to_le_bytes());
+    }
+    std::fs::write(file, bytes).expect("write the weights");
 }

@@ -24,7 +24,8 @@ use crate::policy::{decide, Candidate, Decision, Policy};
 #[derive(Debug)]
 pub enum Inputs {
     /// Inputs in the order of the model's metadata, all with the same rows along dim 0. A request with more rows
-    /// than `max_batch_size` is split, and its pieces batched separately.
+    /// than `max_batch_size` is split, and its pieces batched separately. With `max_batch_size = 0` the tensors
+    /// run as they are, each request alone.
     Rows(Vec<Tensor>),
     /// A text model's sequences: for each, its token inputs in the order of the model's metadata, each
     /// `[rows, seq]` with its own `seq`. Each is queued on its own, so that the policy can batch it with
@@ -144,6 +145,8 @@ struct Shared {
     policy: Policy,
     /// A text model: inputs are token sequences, padded along dim 1 when batched.
     sequences: bool,
+    /// `max_batch_size = 0`: each request runs alone, its tensors as sent (counted as one row).
+    unbatched: bool,
     max_queue_size: usize,
     /// The model's own queue deadline (`timeout_ms`), if any.
     timeout: Option<Duration>,
@@ -237,6 +240,7 @@ impl Batcher {
             metadata: first.metadata().clone(),
             policy: Policy::from_config(config, sequences),
             sequences,
+            unbatched: config.max_batch_size == 0,
             max_queue_size: config.max_queue_size,
             timeout: (config.timeout_ms > 0).then(|| Duration::from_millis(config.timeout_ms)),
             state: Mutex::new(State {
@@ -342,8 +346,9 @@ impl Batcher {
                     let (reply, rx) = oneshot::channel();
                     // A text model's sequences batch whatever their length: dim 1 is left out of the key.
                     let key_from = if shared.sequences { 2 } else { 1 };
-                    let key = inputs.iter().map(|t| (t.dtype(), t.shape()[key_from..].to_vec())).collect();
-                    let rows = inputs[0].rows();
+                    let key =
+                        inputs.iter().map(|t| (t.dtype(), t.shape().get(key_from..).unwrap_or(&[]).to_vec())).collect();
+                    let rows = if shared.unbatched { 1 } else { inputs[0].rows() };
                     let seq_len = if shared.sequences { inputs[0].shape()[1] } else { 0 };
                     state.queue.push_back(Pending {
                         inputs,
@@ -443,7 +448,7 @@ impl Shared {
     fn pieces(&self, inputs: Vec<Tensor>) -> Result<Vec<Vec<Tensor>>, BatchError> {
         let rows = self.check(&inputs)?;
         let max = self.policy.max_batch_size;
-        if rows <= max {
+        if rows <= max || self.unbatched {
             return Ok(vec![inputs]);
         }
         let counts = piece_rows(rows, max);
@@ -457,7 +462,7 @@ impl Shared {
         Ok(split)
     }
 
-    /// Checks a request against the model's inputs; returns its rows.
+    /// Checks a request against the model's inputs; returns its rows (1 for a model that does not batch).
     fn check(&self, inputs: &[Tensor]) -> Result<usize, BatchError> {
         let specs = &self.metadata.inputs;
         if inputs.len() != specs.len() {
@@ -468,7 +473,6 @@ impl Shared {
                 inputs.len()
             )));
         }
-        let rows = inputs.first().map_or(0, Tensor::rows);
         for (spec, t) in specs.iter().zip(inputs) {
             if t.dtype() != spec.datatype || !spec.accepts(t.shape()) {
                 return Err(BatchError::InvalidInput(format!(
@@ -480,13 +484,18 @@ impl Shared {
                     t.shape()
                 )));
             }
-            if t.rows() != rows {
-                return Err(BatchError::InvalidInput(format!(
-                    "input `{}` has {} rows but the first input has {rows}: every input needs the same rows",
-                    spec.name,
-                    t.rows()
-                )));
-            }
+        }
+        if self.unbatched {
+            // The tensors run as sent: no dimension is shared between the inputs.
+            return Ok(1);
+        }
+        let rows = inputs.first().map_or(0, Tensor::rows);
+        if let Some((spec, t)) = specs.iter().zip(inputs).find(|(_, t)| t.rows() != rows) {
+            return Err(BatchError::InvalidInput(format!(
+                "input `{}` has {} rows but the first input has {rows}: every input needs the same rows",
+                spec.name,
+                t.rows()
+            )));
         }
         if rows == 0 {
             return Err(BatchError::InvalidInput("the request has no rows".into()));
@@ -687,6 +696,10 @@ impl Shared {
                 outputs.len(),
                 self.metadata.outputs.len()
             )));
+        }
+        if self.unbatched {
+            // One request, whose outputs are the engine's as they are.
+            return Ok(vec![outputs]);
         }
         let mut per_request: Vec<Vec<Tensor>> = counts.iter().map(|_| Vec::with_capacity(outputs.len())).collect();
         for output in outputs {

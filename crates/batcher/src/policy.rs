@@ -26,6 +26,15 @@ impl Policy {
     /// The policy of a model's `[batching]` table; `sequences` for a text model, whose batches are bounded by
     /// tokens too.
     pub fn from_config(config: &BatchingConfig, sequences: bool) -> Self {
+        if config.max_batch_size == 0 {
+            // No batching: each request is a batch of its own, which waiting cannot make fuller.
+            return Policy {
+                max_batch_size: 1,
+                max_queue_delay: Duration::ZERO,
+                preferred_batch_sizes: Vec::new(),
+                max_batch_tokens: None,
+            };
+        }
         let mut preferred = config.preferred_batch_sizes.clone();
         preferred.sort_unstable();
         preferred.dedup();

@@ -339,3 +339,35 @@ fn pieces_cover_the_rows() {
     assert_eq!(piece_rows(8, 4), vec![4, 4]);
     assert_eq!(piece_rows(3, 4), vec![3]);
 }
+
+#[tokio::test]
+async fn without_batching_each_request_runs_alone_as_sent() {
+    let f = fixture(batched(0), false);
+    let first = hold_worker(&f, 0.0).await;
+    // Queued behind a busy worker, requests of different shapes and rows: none is joined with another, and
+    // none is split, however many rows it has.
+    let a = spawn_row(&f.batcher, vec![1.0, 2.0, 3.0]);
+    let b = {
+        let b = f.batcher.clone();
+        tokio::spawn(async move { b.infer(rows(&(0..200).map(|v| v as f32).collect::<Vec<_>>(), 2)).await })
+    };
+    queued(&f, 3).await;
+    f.gate.open();
+    first.await.expect("task").expect("answered");
+    let a = a.await.expect("task").expect("answered");
+    assert_eq!(a.outputs[0].shape(), &[1, 3]);
+    assert_eq!(a.outputs[0].to_vec::<f32>().expect("fp32"), vec![2.0, 4.0, 6.0]);
+    let b = b.await.expect("task").expect("answered");
+    assert_eq!(b.outputs[0].shape(), &[100, 2], "100 rows in one run: nothing splits them");
+    let sizes: Vec<usize> = f.seen.lock().expect("seen").iter().map(Vec::len).collect();
+    assert_eq!(sizes, vec![1, 3, 200]);
+    assert!(f.observed.batches().iter().all(|&(rows, ok)| rows == 1 && ok), "{:?}", f.observed.batches());
+}
+
+#[tokio::test]
+async fn without_batching_shapes_are_still_checked() {
+    let f = fixture(batched(0), true);
+    let three_dims = InferRequest::new(vec![Tensor::from_slice(vec![1, 1, 2], &[1.0f32, 2.0]).expect("valid")]);
+    let err = f.batcher.infer(three_dims).await.expect_err("a rank-3 tensor for a rank-2 input");
+    assert!(matches!(&err, BatchError::InvalidInput(m) if m.contains("expected FP32 [-1, -1]")), "{err}");
+}

@@ -28,7 +28,8 @@ pub struct CandleEngine {
 /// The built-in architectures.
 enum Architecture {
     Mlp(Mlp),
-    Bert(Bert),
+    // Boxed: a BERT model is far larger than an mlp, and an engine holds one or the other.
+    Bert(Box<Bert>),
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -150,14 +151,14 @@ impl CandleEngine {
     /// Loads the model. `default_precision` applies on a GPU when `model.toml` names none; on the CPU, where
     /// FP16/BF16 are several times slower than FP32, only an explicit `precision` leaves FP32.
     pub fn load(config: &ModelConfig, default_precision: Precision) -> Result<CandleEngine> {
-        let toml = config.dir.join(inferd_core::MODEL_CONFIG_FILE);
-        let options = config.candle.as_ref().ok_or_else(|| Error::config(&toml, "candle: missing [candle] table"))?;
+        let toml = config.config_file.as_path();
+        let options = config.candle.as_ref().ok_or_else(|| Error::config(toml, "candle: missing [candle] table"))?;
         let text = match (options.architecture.as_str(), config.task) {
             ("mlp", Task::Tensors) => None,
             ("bert", Task::Embed) => Some(TextSettings::resolve(config)?),
             ("mlp" | "bert", task) => {
                 return Err(Error::config(
-                    &toml,
+                    toml,
                     format!(
                         "candle.architecture: `{}` does not serve task = \"{}\"",
                         options.architecture,
@@ -167,7 +168,7 @@ impl CandleEngine {
             }
             (other, _) => {
                 return Err(Error::config(
-                    &toml,
+                    toml,
                     format!("candle.architecture: unknown architecture `{other}` (expected mlp or bert)"),
                 ))
             }
@@ -178,7 +179,7 @@ impl CandleEngine {
         }
         let bert_config = text.as_ref().map(|_| bert::read_config(&config.dir)).transpose()?;
         let activations = match text {
-            None => mlp_shape(options).map_err(|m| Error::config(&toml, m))?,
+            None => mlp_shape(options).map_err(|m| Error::config(toml, m))?,
             Some(_) => Vec::new(),
         };
         let device = select_device(config.device, &config.name)?;
@@ -207,11 +208,11 @@ impl CandleEngine {
                 }];
                 let mut info = settings.info(hidden);
                 info.vocab_size = Some(vocab);
-                (Architecture::Bert(bert), inputs, outputs, Some(info))
+                (Architecture::Bert(Box::new(bert)), inputs, outputs, Some(info))
             }
             _ => {
                 let mlp = load_mlp(&config.file, options, &activations, dtype, &device)?;
-                let (inputs, outputs) = mlp_specs(config, options).map_err(|m| Error::config(&toml, m))?;
+                let (inputs, outputs) = mlp_specs(config, options).map_err(|m| Error::config(toml, m))?;
                 (Architecture::Mlp(mlp), inputs, outputs, None)
             }
         };

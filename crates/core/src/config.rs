@@ -17,13 +17,20 @@ pub const MAX_BATCH_SIZE_LIMIT: usize = 1 << 16;
 /// Largest `instances` accepted.
 pub const MAX_INSTANCES: usize = 64;
 
-/// One model, as configured by `<dir>/model.toml`.
+/// One version of a model, as configured by its `model.toml`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     /// The model's name: its folder's name.
     pub name: String,
-    /// The folder that holds `model.toml`.
+    /// 1 in a model folder without numbered version folders; otherwise the version folder's number.
+    pub version: u64,
+    /// The folder that holds the version's files (`file`, a text model's tokenizer and hub files): the model's
+    /// folder, or its version folder.
     pub dir: PathBuf,
+    /// The `model.toml` this came from, which errors name.
+    pub config_file: PathBuf,
+    /// Which numbered version folders are served.
+    pub version_policy: VersionPolicy,
     pub backend: Backend,
     /// The weights file, resolved against `dir`.
     pub file: PathBuf,
@@ -40,6 +47,54 @@ pub struct ModelConfig {
     pub task: Task,
     /// A text model's settings from `model.toml`; the folder's own files fill in what they leave out.
     pub text: TextOverrides,
+    pub warmup: WarmupConfig,
+}
+
+/// Which of a model's numbered version folders (`1/`, `2/`, … Triton's layout) are served: `model.toml`'s
+/// `version_policy = "latest"` (the default), `"all"`, `{ latest = N }` or `{ specific = [1, 3] }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VersionPolicy {
+    /// The newest N.
+    Latest(usize),
+    All,
+    Specific(Vec<u64>),
+}
+
+impl Default for VersionPolicy {
+    fn default() -> Self {
+        VersionPolicy::Latest(1)
+    }
+}
+
+impl VersionPolicy {
+    /// The versions served of those `available` (ascending).
+    pub fn select(&self, available: &[u64]) -> Vec<u64> {
+        match self {
+            VersionPolicy::Latest(n) => available[available.len().saturating_sub(*n)..].to_vec(),
+            VersionPolicy::All => available.to_vec(),
+            VersionPolicy::Specific(wanted) => available.iter().copied().filter(|v| wanted.contains(v)).collect(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for VersionPolicy {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Word(String),
+            Latest { latest: usize },
+            Specific { specific: Vec<u64> },
+        }
+        let expected = "version_policy: \"latest\", \"all\", { latest = N } or { specific = [versions] }";
+        match Raw::deserialize(deserializer).map_err(|_| serde::de::Error::custom(expected))? {
+            Raw::Word(w) if w == "latest" => Ok(VersionPolicy::Latest(1)),
+            Raw::Word(w) if w == "all" => Ok(VersionPolicy::All),
+            Raw::Latest { latest } if latest > 0 => Ok(VersionPolicy::Latest(latest)),
+            Raw::Specific { specific } if !specific.is_empty() => Ok(VersionPolicy::Specific(specific)),
+            _ => Err(serde::de::Error::custom(expected)),
+        }
+    }
 }
 
 /// What a model does with its inputs.
@@ -203,7 +258,9 @@ impl FromStr for Precision {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BatchingConfig {
-    /// Rows per batch at most.
+    /// Rows per batch at most. 0 (Triton's meaning): the model has no batch dimension, or no batching is wanted;
+    /// each request's tensors run as they are sent, never joined with another's. A graph whose first dimension is
+    /// a fixed number is served so whatever this says.
     pub max_batch_size: usize,
     /// Extra wait for a fuller batch; 0 runs whatever is queued as soon as a worker is free.
     pub max_queue_delay_us: u64,
@@ -256,6 +313,32 @@ impl TensorSpec {
     }
 }
 
+/// `[warmup]`: what a model runs once per instance before it is ready, so that its first requests do not pay for
+/// the engine's lazy set-up (memory, kernels, graph optimisation).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WarmupConfig {
+    /// No warm-up: the model is ready as soon as it loads.
+    pub skip: bool,
+    /// Each input's warm-up shape (and data), by input name. Inputs left out must have fixed non-batch
+    /// dimensions: they run with zeros of those, and the batch of the inputs given.
+    pub inputs: std::collections::BTreeMap<String, WarmupInput>,
+}
+
+/// One input of a warm-up run.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmupInput {
+    /// The concrete shape, the batch dimension first where the model has one: `[1, 3, 640, 640]`.
+    pub shape: Vec<usize>,
+    /// Raw little-endian elements of exactly that shape, in the input's data type, resolved against the model's
+    /// folder; zeros when not given.
+    pub file: Option<PathBuf>,
+}
+
+/// Largest warm-up input accepted, in elements: 256 Mi (1 GiB of FP32).
+pub const MAX_WARMUP_ELEMENTS: usize = 1 << 28;
+
 /// `[onnx]`: ONNX Runtime options.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -307,6 +390,10 @@ struct RawModelConfig {
     pooling: Option<Pooling>,
     normalize: Option<bool>,
     max_seq_len: Option<usize>,
+    #[serde(default)]
+    warmup: WarmupConfig,
+    #[serde(default)]
+    version_policy: VersionPolicy,
 }
 
 /// The weights a candle text model reads when `file` is not given: the hub's name.
@@ -317,20 +404,51 @@ fn one() -> usize {
 }
 
 impl ModelConfig {
-    /// Reads `<dir>/model.toml`. The model is named after the folder.
+    /// Reads the model folder `dir` (named after it) and returns the newest version it serves.
     pub fn load(dir: &Path) -> Result<ModelConfig> {
+        let mut versions = ModelConfig::load_versions(dir)?;
+        versions.pop().ok_or_else(|| Error::config(dir.join(MODEL_CONFIG_FILE), "no version to serve"))
+    }
+
+    /// Reads the model folder `dir`, named after it, and returns each version it serves, oldest first. A folder
+    /// with numbered subfolders (`1/`, `2/`, … Triton's layout) keeps `model.toml` in the model's folder and each
+    /// version's files in its own; `version_policy` chooses the versions served (the newest, by default). A
+    /// folder without is version 1, its files beside `model.toml`.
+    pub fn load_versions(dir: &Path) -> Result<Vec<ModelConfig>> {
         let path = dir.join(MODEL_CONFIG_FILE);
         let text = std::fs::read_to_string(&path).map_err(|e| Error::config(&path, format!("cannot read: {e}")))?;
         let name = dir
             .file_name()
             .and_then(|n| n.to_str())
             .ok_or_else(|| Error::config(&path, "the model folder's name is not valid UTF-8"))?;
-        ModelConfig::parse(name, dir, &text)
+        let available =
+            version_folders(dir).map_err(|e| Error::config(&path, format!("cannot list the folder: {e}")))?;
+        if available.is_empty() {
+            return Ok(vec![ModelConfig::parse(name, dir, &text)?]);
+        }
+        let first = ModelConfig::parse_version(name, dir, available[0], &text)?;
+        let served = first.version_policy.select(&available);
+        if served.is_empty() {
+            return Err(Error::config(
+                &path,
+                format!("version_policy: none of the version folders {available:?} is selected"),
+            ));
+        }
+        served.into_iter().map(|v| ModelConfig::parse_version(name, dir, v, &text)).collect()
     }
 
-    /// Parses the text of `<dir>/model.toml` for the model `name`.
+    /// Parses the text of `<dir>/model.toml` for the model `name`, version 1, its files in `dir`.
     pub fn parse(name: &str, dir: &Path, text: &str) -> Result<ModelConfig> {
-        let path = dir.join(MODEL_CONFIG_FILE);
+        ModelConfig::parse_in(name, dir, dir, 1, text)
+    }
+
+    /// Parses `<dir>/model.toml` for version `version`, whose files are in `<dir>/<version>/`.
+    fn parse_version(name: &str, dir: &Path, version: u64, text: &str) -> Result<ModelConfig> {
+        ModelConfig::parse_in(name, dir, &dir.join(version.to_string()), version, text)
+    }
+
+    fn parse_in(name: &str, model_dir: &Path, dir: &Path, version: u64, text: &str) -> Result<ModelConfig> {
+        let path = model_dir.join(MODEL_CONFIG_FILE);
         let fail = |message: String| Error::config(&path, message);
         let raw: RawModelConfig = toml::from_str(text).map_err(|e| fail(one_line(&e.to_string())))?;
         let file = match (raw.file, raw.backend, raw.task) {
@@ -346,7 +464,10 @@ impl ModelConfig {
         };
         let config = ModelConfig {
             name: name.to_owned(),
+            version,
             dir: dir.to_path_buf(),
+            config_file: path.clone(),
+            version_policy: raw.version_policy,
             backend: raw.backend,
             file: dir.join(file),
             device: raw.device,
@@ -364,6 +485,18 @@ impl ModelConfig {
                 normalize: raw.normalize,
                 max_seq_len: raw.max_seq_len,
             },
+            warmup: WarmupConfig {
+                inputs: raw
+                    .warmup
+                    .inputs
+                    .into_iter()
+                    .map(|(name, input)| {
+                        let file = input.file.map(|f| dir.join(f));
+                        (name, WarmupInput { file, ..input })
+                    })
+                    .collect(),
+                ..raw.warmup
+            },
         };
         config.validate().map_err(fail)?;
         Ok(config)
@@ -380,11 +513,14 @@ impl ModelConfig {
             return Err(format!("instances: must be between 1 and {MAX_INSTANCES}, got {}", self.instances));
         }
         let b = &self.batching;
-        if !(1..=MAX_BATCH_SIZE_LIMIT).contains(&b.max_batch_size) {
+        if b.max_batch_size > MAX_BATCH_SIZE_LIMIT {
             return Err(format!(
-                "batching.max_batch_size: must be between 1 and {MAX_BATCH_SIZE_LIMIT}, got {}",
+                "batching.max_batch_size: must be between 0 (no batching) and {MAX_BATCH_SIZE_LIMIT}, got {}",
                 b.max_batch_size
             ));
+        }
+        if b.max_batch_size == 0 && self.task == Task::Embed {
+            return Err("batching.max_batch_size: a text model batches its texts; 0 is for tensor models".into());
         }
         if b.max_queue_size == 0 {
             return Err("batching.max_queue_size: must be at least 1".into());
@@ -417,8 +553,11 @@ impl ModelConfig {
                 if specs[..i].iter().any(|s| s.name == spec.name) {
                     return Err(format!("{table}[{i}].name: `{}` is declared twice", spec.name));
                 }
-                if spec.shape.first() != Some(&-1) {
-                    return Err(format!("{table}[{i}].shape: must start with -1, the batch dimension"));
+                if spec.shape.first() != Some(&-1) && b.max_batch_size > 0 {
+                    return Err(format!(
+                        "{table}[{i}].shape: must start with -1, the batch dimension (or set batching.max_batch_size \
+                         = 0 for a model without one)"
+                    ));
                 }
                 if let Some(bad) = spec.shape.iter().find(|&&d| d == 0 || d < -1) {
                     return Err(format!("{table}[{i}].shape: {bad} is not a dimension (use -1 for a variable one)"));
@@ -438,8 +577,39 @@ impl ModelConfig {
         if self.onnx.intra_op_threads == Some(0) {
             return Err("onnx.intra_op_threads: must be at least 1".into());
         }
+        if self.task == Task::Embed && !self.warmup.inputs.is_empty() {
+            return Err(
+                "warmup.inputs: a text model warms with texts of its longest length; only `skip` applies".into()
+            );
+        }
+        for (name, input) in &self.warmup.inputs {
+            let count = input.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+            if input.shape.contains(&0) || count.is_none_or(|n| n > MAX_WARMUP_ELEMENTS) {
+                return Err(format!(
+                    "warmup.inputs.{name}.shape: {:?} is not a shape of 1 to {MAX_WARMUP_ELEMENTS} elements",
+                    input.shape
+                ));
+            }
+        }
         Ok(())
     }
+}
+
+/// The numbered version folders of a model folder, ascending: subfolders named by a positive integer.
+fn version_folders(dir: &Path) -> std::io::Result<Vec<u64>> {
+    let mut versions = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let version = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())).and_then(|n| n.parse().ok());
+        if let Some(v) = version.filter(|&v: &u64| v > 0) {
+            if entry.path().is_dir() {
+                versions.push(v);
+            }
+        }
+    }
+    versions.sort_unstable();
+    Ok(versions)
 }
 
 /// toml's messages span several lines (a snippet of the file); logs and errors want one.
@@ -518,7 +688,15 @@ mod tests {
             (format!("{base}device = \"gpu\""), "unknown device `gpu`"),
             (format!("{base}precision = \"fp8\""), "precision"),
             (format!("{base}instances = 0"), "instances: must be between 1"),
-            (format!("{base}[batching]\nmax_batch_size = 0"), "batching.max_batch_size"),
+            (format!("{base}[batching]\nmax_batch_size = 70000"), "batching.max_batch_size"),
+            (
+                "backend = \"candle\"\ntask = \"embed\"\n[batching]\nmax_batch_size = 0".to_owned(),
+                "0 is for tensor models",
+            ),
+            (format!("{base}[warmup.inputs.x]\nshape = [1, 0]"), "warmup.inputs.x.shape"),
+            (format!("{base}[warmup.inputs.x]\nshape = [65536, 65536]"), "warmup.inputs.x.shape"),
+            (format!("{base}[warmup.inputs.x]\nshape = [1]\nsize = 3"), "unknown field `size`"),
+            ("backend = \"candle\"\ntask = \"embed\"\n[warmup.inputs.x]\nshape = [1]".to_owned(), "only `skip`"),
             (format!("{base}[batching]\nmax_queue_size = 0"), "batching.max_queue_size"),
             (format!("{base}[batching]\npreferred_batch_sizes = [128]"), "batching.preferred_batch_sizes: 128"),
             (format!("{base}[batching]\nmax_batch_sise = 3"), "max_batch_sise"),
@@ -526,6 +704,10 @@ mod tests {
             (
                 format!("{base}[[input]]\nname = \"x\"\ndatatype = \"FP32\"\nshape = [1, 4]"),
                 "input[0].shape: must start with -1",
+            ),
+            (
+                format!("{base}[batching]\nmax_batch_size = 0\n[[input]]\nname = \"x\"\ndatatype = \"FP32\"\nshape = [1, -2]"),
+                "input[0].shape: -2",
             ),
             (format!("{base}[[input]]\nname = \"x\"\ndatatype = \"FP32\"\nshape = [-1, 0]"), "input[0].shape: 0"),
             (format!("{base}[candle]\narchitecture = \"mlp\""), "candle: only a candle model"),
@@ -542,6 +724,31 @@ mod tests {
     }
 
     #[test]
+    fn a_model_without_a_batch_dimension_declares_whole_shapes() {
+        let c = parse(
+            "backend = \"onnx\"\nfile = \"m.onnx\"\n[batching]\nmax_batch_size = 0\n\
+             [[input]]\nname = \"images\"\ndatatype = \"FP32\"\nshape = [1, 3, -1, -1]\n",
+        )
+        .expect("valid");
+        assert_eq!(c.batching.max_batch_size, 0);
+        assert_eq!(c.inputs[0].shape, vec![1, 3, -1, -1]);
+    }
+
+    #[test]
+    fn warm_up_inputs_are_read_with_their_files_resolved() {
+        let c = parse(
+            "backend = \"onnx\"\nfile = \"m.onnx\"\n[warmup.inputs.images]\nshape = [1, 3, 64, 96]\n\
+             file = \"warmup/images.bin\"\n[warmup.inputs.scale]\nshape = [1, 2]\n",
+        )
+        .expect("valid");
+        assert!(!c.warmup.skip);
+        assert_eq!(c.warmup.inputs["images"].shape, vec![1, 3, 64, 96]);
+        assert_eq!(c.warmup.inputs["images"].file.as_deref(), Some(Path::new("/models/m/warmup/images.bin")));
+        assert_eq!(c.warmup.inputs["scale"].file, None);
+        assert!(parse("backend = \"onnx\"\nfile = \"m.onnx\"\n[warmup]\nskip = true\n").expect("valid").warmup.skip);
+    }
+
+    #[test]
     fn load_reads_the_folder_and_names_the_model_after_it() {
         let dir = tempfile::tempdir().expect("tempdir");
         let model_dir = dir.path().join("resnet-50");
@@ -553,6 +760,41 @@ mod tests {
         let c = ModelConfig::load(&model_dir).expect("valid");
         assert_eq!(c.name, "resnet-50");
         assert_eq!(c.file, model_dir.join("model.onnx"));
+    }
+
+    #[test]
+    fn numbered_folders_are_versions_chosen_by_the_policy() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let model = dir.path().join("detector");
+        for v in ["1", "2", "10", "0", "x", "03"] {
+            std::fs::create_dir_all(model.join(v)).expect("mkdir");
+        }
+        std::fs::write(model.join("7"), "a file, not a folder").expect("write");
+        let write = |extra: &str| {
+            std::fs::write(model.join(MODEL_CONFIG_FILE), format!("backend = \"onnx\"\nfile = \"m.onnx\"\n{extra}"))
+                .expect("write")
+        };
+        let versions = |extra: &str| -> Vec<u64> {
+            write(extra);
+            ModelConfig::load_versions(&model).expect("valid").iter().map(|c| c.version).collect()
+        };
+        // `03` is 3; `0`, `x` and the file `7` are not versions.
+        assert_eq!(versions(""), vec![10]);
+        assert_eq!(versions("version_policy = \"all\""), vec![1, 2, 3, 10]);
+        assert_eq!(versions("version_policy = { latest = 2 }"), vec![3, 10]);
+        assert_eq!(versions("version_policy = { specific = [2, 1, 99] }"), vec![1, 2]);
+        let c = ModelConfig::load(&model).expect("valid");
+        assert_eq!((c.name.as_str(), c.version), ("detector", 2));
+        assert_eq!(c.file, model.join("2").join("m.onnx"), "the version's files are in its folder");
+        assert_eq!(c.config_file, model.join(MODEL_CONFIG_FILE));
+        write("version_policy = { specific = [5] }");
+        let err = ModelConfig::load_versions(&model).expect_err("nothing selected").to_string();
+        assert!(err.contains("none of the version folders [1, 2, 3, 10]"), "{err}");
+        for bad in ["\"newest\"", "{ latest = 0 }", "{ specific = [] }", "3"] {
+            write(&format!("version_policy = {bad}"));
+            let err = ModelConfig::load_versions(&model).expect_err("refused").to_string();
+            assert!(err.contains("version_policy: \"latest\""), "{bad}: {err}");
+        }
     }
 
     #[test]

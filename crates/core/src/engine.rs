@@ -43,6 +43,12 @@ impl ModelMetadata {
             .collect()
     }
 
+    /// Whether every input's first dimension is variable: a batch dimension along which requests may be joined.
+    /// A graph exported with a fixed first dimension (a batch of 1, say) has none.
+    pub fn has_batch_dim(&self) -> bool {
+        !self.inputs.is_empty() && self.inputs.iter().all(|s| s.shape.first() == Some(&-1))
+    }
+
     pub fn on_gpu(&self) -> bool {
         self.device.starts_with("cuda")
     }

@@ -7,16 +7,18 @@ mod engine;
 mod error;
 mod tensor;
 pub mod text;
+mod warmup;
 
 pub use config::{
     Backend, BatchingConfig, CandleOptions, DeviceSpec, ModelConfig, OnnxOptions, Pooling, Precision, Task, TensorSpec,
-    TextOverrides, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_TEXT_WEIGHTS, MAX_BATCH_SIZE_LIMIT, MAX_INSTANCES,
-    MODEL_CONFIG_FILE,
+    TextOverrides, VersionPolicy, WarmupConfig, WarmupInput, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_TEXT_WEIGHTS,
+    MAX_BATCH_SIZE_LIMIT, MAX_INSTANCES, MAX_WARMUP_ELEMENTS, MODEL_CONFIG_FILE,
 };
 pub use dtype::{DataType, Element, UnknownDataType};
 pub use engine::{Engine, ModelMetadata};
 pub use error::{Error, Result};
 pub use tensor::{element_count, Tensor, TensorData};
+pub use warmup::WarmUp;
 
 /// Re-exported for [`with_element_type!`] and for the engines' FP16/BF16 data.
 pub use half;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::config::{ModelConfig, Pooling, MODEL_CONFIG_FILE};
+use crate::config::{ModelConfig, Pooling};
 use crate::error::{Error, Result};
 
 /// Token ids, `INT64 [rows, seq]`.
@@ -92,7 +92,7 @@ impl TextSettings {
     /// Resolves a text model's settings from `model.toml` and its folder.
     pub fn resolve(config: &ModelConfig) -> Result<TextSettings> {
         let dir = &config.dir;
-        let toml = dir.join(MODEL_CONFIG_FILE);
+        let toml = config.config_file.as_path();
         let overrides = &config.text;
         let hub: Option<HubConfig> = read_json(dir, "config.json")?;
         let modules: Vec<Module> = read_json(dir, "modules.json")?.unwrap_or_default();
@@ -112,7 +112,7 @@ impl TextSettings {
                 .or(positions)
                 .ok_or_else(|| {
                     Error::config(
-                        &toml,
+                        toml,
                         "max_seq_len: the folder does not say how long a text may be (no sentence_bert_config.json \
                          or config.json): set max_seq_len",
                     )
@@ -120,14 +120,14 @@ impl TextSettings {
         };
         if let Some(positions) = positions.filter(|&p| max_seq_len > p) {
             return Err(Error::config(
-                &toml,
+                toml,
                 format!("max_seq_len: {max_seq_len} is more than the model's {positions} positions (config.json)"),
             ));
         }
         let tokenizer = overrides.tokenizer.clone().unwrap_or_else(|| dir.join("tokenizer.json"));
         if !tokenizer.is_file() {
             return Err(Error::config(
-                &toml,
+                toml,
                 format!(
                     "tokenizer: {} does not exist; a text model needs a tokenizer.json in its folder or a `tokenizer` \
                      path in model.toml",

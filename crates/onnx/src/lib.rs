@@ -262,13 +262,9 @@ fn specs_from_graph<'a>(
         };
         let datatype = data_type(*ty)
             .ok_or_else(|| bad(format!("{kind} `{name}` has element type {ty:?}, which inferd does not serve")))?;
+        // A fixed first dimension (a graph exported with a batch of 1, say) means no batch dimension: the server
+        // then runs each request's tensors as sent (`max_batch_size = 0`).
         let graph_shape: Vec<i64> = shape.iter().copied().collect();
-        if graph_shape.first().is_some_and(|&d| d != -1) || graph_shape.is_empty() {
-            return Err(bad(format!(
-                "{kind} `{name}` has shape {graph_shape:?}: inferd needs a variable leading (batch) dimension; export \
-                 the model with a dynamic batch axis"
-            )));
-        }
         let shape = match declared.iter().find(|d| d.name == name) {
             None => graph_shape,
             Some(d) => {
@@ -277,7 +273,7 @@ fn specs_from_graph<'a>(
                     && d.shape.iter().zip(&graph_shape).all(|(&want, &graph)| graph == -1 || want == graph);
                 if !fits {
                     return Err(Error::config(
-                        config.dir.join(inferd_core::MODEL_CONFIG_FILE),
+                        &config.config_file,
                         format!(
                             "{kind} `{name}`: declared {} {:?}, but the graph has {datatype} {graph_shape:?}",
                             d.datatype, d.shape
@@ -291,7 +287,7 @@ fn specs_from_graph<'a>(
     }
     if let Some(extra) = declared.iter().find(|d| !specs.iter().any(|s| s.name == d.name)) {
         return Err(Error::config(
-            config.dir.join(inferd_core::MODEL_CONFIG_FILE),
+            &config.config_file,
             format!("{kind} `{}` is declared but the graph has no such {kind}", extra.name),
         ));
     }

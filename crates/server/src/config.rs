@@ -154,6 +154,25 @@ pub struct ServeConfig {
     /// stop sending before the listener closes. Kubernetes and Azure need a few.
     #[arg(long, env = "INFERD_DRAIN_DELAY", default_value_t = 0.0, value_name = "SECONDS")]
     pub drain_delay: f64,
+
+    /// Readiness (`/health/ready`, `/v2/health/ready`): `true`, only once every model is ready; `false`, once
+    /// at least one is, the others' failures reported by /health and their own ready routes.
+    #[arg(long, env = "INFERD_STRICT_READINESS", default_value_t = true, action = clap::ArgAction::Set,
+          value_name = "BOOL")]
+    pub strict_readiness: bool,
+
+    /// `explicit`: models may be loaded, reloaded and unloaded while serving, through Triton's repository
+    /// routes (`POST /v2/repository/models/{model}/load` and `/unload`), which read the repository folder again.
+    /// `none`: the models found at start-up are the ones served.
+    #[arg(long, env = "INFERD_MODEL_CONTROL", value_enum, default_value_t = ModelControl::None)]
+    pub model_control: ModelControl,
+}
+
+/// `--model-control`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModelControl {
+    None,
+    Explicit,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -89,14 +89,13 @@ impl<A> Served<A> {
     }
 }
 
-/// Runs one inference request of `format` on model `model`.
+/// Runs one inference request of `format` on `endpoint`, the model (version) the route resolved.
 pub async fn infer<F: WireFormat>(
     state: &AppState,
-    model: &str,
+    endpoint: Endpoint,
     format: F,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Served<F::Answer>, AppError> {
-    let endpoint = state.endpoint(model)?;
     let body = body.map_err(body_error)?;
     let limits = *state.limits();
     let decoder = endpoint.clone();

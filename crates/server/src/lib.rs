@@ -14,6 +14,7 @@ pub mod gpu;
 mod healthcheck;
 pub mod infer;
 pub mod metrics;
+pub mod registry;
 pub mod repository;
 pub mod routes;
 pub mod state;
@@ -38,7 +39,8 @@ pub use routes::predict::TIMEOUT_HEADER;
 pub use state::AppState;
 
 use crate::gpu::GpuMonitor;
-use crate::repository::{EngineSettings, Model, Repository};
+use crate::registry::{Model, Registry};
+use crate::repository::{EngineSettings, Repository};
 
 /// The server, built from its configuration; [`Server::serve`] runs it.
 pub struct Server {
@@ -80,22 +82,27 @@ impl Server {
         let settings = engine_settings(&config, &repository, self.engine_builder);
         let gpu = GpuMonitor::new(self.gpu_probe.unwrap_or_else(gpu::system_probe));
         gpu.refresh().await;
-        let models = repository.models;
-        let state = AppState::new(&config, models.clone(), repository.defaults, gpu.clone())?;
+        let count = repository.models.len();
+        let registry = Registry::new(repository_dir.clone(), repository.models);
+        let state = AppState::new(&config, registry, repository.defaults, settings, gpu.clone())?;
         let background = Background::start(&state, gpu, Duration::from_millis(config.gpu_refresh_ms));
-        load_in_background(&state, settings);
+        load_in_background(&state);
 
         let addr = listener.local_addr()?;
-        tracing::info!(%addr, repository = %repository_dir.display(), models = models.len(), "listening");
+        tracing::info!(%addr, repository = %repository_dir.display(), models = count, "listening");
         let drain = state.drain().clone();
         let flush = {
-            let models = models.clone();
-            move || models.iter().filter_map(|m| m.batcher()).for_each(|b| b.flush())
+            let state = state.clone();
+            move || state.models().iter().filter_map(|m| m.batcher()).for_each(|b| b.flush())
         };
         let closing = drain.clone().until_closing(shutdown, flush);
-        let server = tokio::spawn(axum::serve(listener, app(state)).with_graceful_shutdown(closing).into_future());
+        let server =
+            tokio::spawn(axum::serve(listener, app(state.clone())).with_graceful_shutdown(closing).into_future());
         let served = drain.finish(server).await;
         drop(background);
+        // Model control may have loaded models since start-up: stop the ones there are now.
+        let models = state.models().to_vec();
+        drop(state);
         stop_batchers(models).await;
         tracing::info!("stopped");
         served
@@ -119,12 +126,12 @@ fn engine_settings(config: &ServeConfig, repository: &Repository, builder: Optio
 
 /// Loads the models on the blocking pool, one after the other; loading cannot be cancelled midway, but once
 /// shutdown begins no more models load.
-fn load_in_background(state: &AppState, settings: EngineSettings) {
+fn load_in_background(state: &AppState) {
     let state = state.clone();
     tokio::task::spawn_blocking(move || {
         repository::load_all(
-            state.models(),
-            &settings,
+            &state.models(),
+            state.engine_settings(),
             |name| state.metrics().batch_observer(name),
             || state.drain().is_draining(),
         );

@@ -11,7 +11,7 @@ use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, SharedS
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
 use crate::gpu::GpuInfo;
-use crate::repository::Model;
+use crate::registry::Model;
 
 /// The metric names, with Prometheus unit suffixes.
 pub mod names {
@@ -252,11 +252,23 @@ impl Metrics {
 
     /// The exposition text, with the gauges read now: queue depths, readiness, the GPU snapshot, resident memory.
     pub fn render(&self, models: &[Arc<Model>], gpus: &[GpuInfo]) -> String {
+        // A model's versions share its series: their queues add up, and it is ready if one of them is.
+        let mut by_name: Vec<(&str, usize, bool)> = Vec::new();
         for model in models {
-            let m = || vec![Label::new("model", model.name().to_owned())];
             let batcher = model.batcher();
-            self.gauge(names::QUEUE_DEPTH, m()).set(batcher.map_or(0, |b| b.queue_depth()) as f64);
-            self.gauge(names::MODEL_READY, m()).set(if batcher.is_some() { 1.0 } else { 0.0 });
+            let depth = batcher.map_or(0, |b| b.queue_depth());
+            match by_name.last_mut() {
+                Some((name, queued, ready)) if *name == model.name() => {
+                    *queued += depth;
+                    *ready |= batcher.is_some();
+                }
+                _ => by_name.push((model.name(), depth, batcher.is_some())),
+            }
+        }
+        for (name, depth, ready) in by_name {
+            let m = || vec![Label::new("model", name.to_owned())];
+            self.gauge(names::QUEUE_DEPTH, m()).set(depth as f64);
+            self.gauge(names::MODEL_READY, m()).set(if ready { 1.0 } else { 0.0 });
         }
         self.gauge(names::GPUS, vec![]).set(gpus.len() as f64);
         for gpu in gpus {

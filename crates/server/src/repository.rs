@@ -1,18 +1,21 @@
-//! The model repository: finding models, building their engines, warming them, and each model's state.
+//! The model repository: finding models and their versions, building their engines, and warming them.
 
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use anyhow::Context;
 use inferd_batcher::{BatchObserver, Batcher};
-use inferd_core::{Backend, Engine, ModelConfig, ModelMetadata, Precision, Task, MODEL_CONFIG_FILE};
+use inferd_core::{
+    Backend, BatchingConfig, Engine, ModelConfig, ModelMetadata, Precision, Task, WarmUp, MODEL_CONFIG_FILE,
+};
 use inferd_onnx::OnnxSettings;
 
+use crate::registry::Model;
 use crate::text::TextModel;
 
 /// The repository's models, and the ones the routes without a model name serve.
 pub struct Repository {
-    /// Sorted by name; none loaded yet.
+    /// Every version to serve, sorted by name and version; none loaded yet.
     pub models: Vec<Arc<Model>>,
     pub defaults: Defaults,
 }
@@ -41,10 +44,11 @@ impl Repository {
                 anyhow::bail!("--default-model `{name}` is not a model in {}", dir.display())
             }
             (Some(name), _) => Some(name.to_owned()),
-            (None, [only]) => Some(only.name.clone()),
+            (None, [only, ..]) if configs.iter().all(|c| c.name == only.name) => Some(only.name.clone()),
             (None, _) => None,
         };
-        let text: Vec<&ModelConfig> = configs.iter().filter(|c| c.task == Task::Embed).collect();
+        let mut text: Vec<&ModelConfig> = configs.iter().filter(|c| c.task == Task::Embed).collect();
+        text.dedup_by(|a, b| a.name == b.name);
         let embed = match default_embed_model {
             Some(name) => match find(name) {
                 Some(c) if c.task == Task::Embed => Some(name.to_owned()),
@@ -85,11 +89,12 @@ pub fn load_all(
     }
 }
 
-/// Reads every model's `model.toml`: `dir` is one model folder, or a folder of them. A broken `model.toml` stops
-/// start-up (the error names the file and the field); a folder without one is skipped.
+/// Reads every model's `model.toml`, and returns each version to serve: `dir` is one model folder, or a folder
+/// of them. A broken `model.toml` stops start-up (the error names the file and the field); a folder without one
+/// is skipped.
 pub fn discover(dir: &Path) -> anyhow::Result<Vec<ModelConfig>> {
     if dir.join(MODEL_CONFIG_FILE).is_file() {
-        return Ok(vec![ModelConfig::load(dir)?]);
+        return Ok(ModelConfig::load_versions(dir)?);
     }
     let entries = std::fs::read_dir(dir)
         .map_err(|e| anyhow::anyhow!("cannot read the model repository {}: {e}", dir.display()))?;
@@ -97,7 +102,7 @@ pub fn discover(dir: &Path) -> anyhow::Result<Vec<ModelConfig>> {
     for entry in entries {
         let path = entry?.path();
         if path.join(MODEL_CONFIG_FILE).is_file() {
-            configs.push(ModelConfig::load(&path)?);
+            configs.extend(ModelConfig::load_versions(&path)?);
         } else if path.is_dir() {
             tracing::debug!(folder = %path.display(), "no model.toml: not a model");
         }
@@ -105,7 +110,7 @@ pub fn discover(dir: &Path) -> anyhow::Result<Vec<ModelConfig>> {
     if configs.is_empty() {
         anyhow::bail!("no models in {}: each model is a folder holding a model.toml", dir.display());
     }
-    configs.sort_by(|a, b| a.name.cmp(&b.name));
+    configs.sort_by(|a, b| (&a.name, a.version).cmp(&(&b.name, b.version)));
     Ok(configs)
 }
 
@@ -136,8 +141,14 @@ pub fn build_engine(config: &ModelConfig, settings: &EngineSettings) -> inferd_c
 /// A loaded model as the routes use it: its batcher and, for a text model, its tokenizing front. Cheap to clone.
 #[derive(Clone)]
 pub struct Endpoint {
+    /// The model version it serves.
+    pub version: u64,
     pub batcher: Batcher,
     pub text: Option<Arc<TextModel>>,
+    /// The batching it runs with: `model.toml`'s, with `max_batch_size = 0` for a graph without a batch dimension.
+    pub batching: BatchingConfig,
+    /// Whether every instance ran its warm-up (see [`WarmUp`]).
+    pub warmed: bool,
 }
 
 impl Endpoint {
@@ -154,8 +165,8 @@ impl Endpoint {
     }
 }
 
-/// Loads every instance of a model, warms each at its max batch size, and starts its batcher, which reports to
-/// `observer`; a text model's tokenizer too. Blocking.
+/// Loads every instance of a model, warms each (see [`WarmUp::plan`]), and starts its batcher, which reports to
+/// `observer`; a text model's tokenizer too. A warm-up that fails fails the load, with its message. Blocking.
 pub fn load_model(
     config: &ModelConfig,
     settings: &EngineSettings,
@@ -163,20 +174,45 @@ pub fn load_model(
 ) -> anyhow::Result<Endpoint> {
     let started = std::time::Instant::now();
     let mut engines = Vec::with_capacity(config.instances);
-    for _ in 0..config.instances {
+    let mut batching = config.batching.clone();
+    let mut warmed = true;
+    for instance in 0..config.instances {
         let mut engine = build_engine(config, settings)?;
+        let meta = engine.metadata();
+        if instance == 0 && !meta.has_batch_dim() && batching.max_batch_size > 0 {
+            let shapes: Vec<String> = meta.inputs.iter().map(|s| format!("{} {:?}", s.name, s.shape)).collect();
+            tracing::info!(
+                model = %config.name,
+                inputs = %shapes.join(", "),
+                "the model has no batch dimension (its inputs' first dimensions are fixed): each request runs as \
+                 sent, alone (max_batch_size = 0)"
+            );
+            batching.max_batch_size = 0;
+        }
         // A text model warms with sequences of its longest length: on a GPU as many as its token budget takes,
         // to claim the memory its largest batch needs; on the CPU one, which is all the allocator needs to see
         // (a full budget there is seconds of arithmetic before the model is ready).
-        let rows = match &engine.metadata().text {
-            Some(text) if engine.metadata().on_gpu() => {
-                (config.batching.max_batch_tokens / text.max_seq_len.max(1)).clamp(1, config.batching.max_batch_size)
-            }
-            Some(_) => 1,
-            None => config.batching.max_batch_size,
+        let rows = match (&meta.text, batching.max_batch_size) {
+            (Some(text), max) if meta.on_gpu() => (batching.max_batch_tokens / text.max_seq_len.max(1)).clamp(1, max),
+            (Some(_), _) | (None, 0) => 1,
+            (None, max) => max,
         };
-        let warm_up = engine.metadata().warm_up_inputs(rows).context("warm-up")?;
-        engine.run(&warm_up).with_context(|| format!("warm-up at batch size {rows}"))?;
+        match WarmUp::plan(&config.warmup, meta, rows).context("warm-up")? {
+            WarmUp::Run(inputs) => {
+                let shapes: Vec<&[usize]> = inputs.iter().map(|t| t.shape()).collect();
+                engine.run(&inputs).with_context(|| format!("warm-up with inputs of shapes {shapes:?}"))?;
+            }
+            WarmUp::Skip(why) => {
+                if instance == 0 {
+                    tracing::warn!(
+                        model = %config.name,
+                        reason = %why,
+                        "no warm-up: the model serves now, and its first requests pay for the engine's set-up"
+                    );
+                }
+                warmed = false;
+            }
+        }
         engines.push(engine);
     }
     let text = match engines.first().map(|e| e.metadata()).filter(|m| m.text.is_some()) {
@@ -184,7 +220,7 @@ pub fn load_model(
         None => None,
     };
     let batcher =
-        Batcher::start(&config.name, &config.batching, engines, Some(observer)).context("cannot start its threads")?;
+        Batcher::start(&config.name, &batching, engines, Some(observer)).context("cannot start its threads")?;
     let meta = batcher.metadata();
     tracing::info!(
         model = %config.name,
@@ -192,56 +228,10 @@ pub fn load_model(
         device = %meta.device,
         precision = %meta.precision,
         instances = config.instances,
+        max_batch_size = batching.max_batch_size,
+        warmed,
         elapsed_ms = started.elapsed().as_millis() as u64,
         "model ready"
     );
-    Ok(Endpoint { batcher, text })
-}
-
-/// One model of the repository and how far it got.
-pub struct Model {
-    pub config: ModelConfig,
-    /// Unset while loading; then the running model, or why it could not load.
-    state: OnceLock<Result<Endpoint, String>>,
-}
-
-/// A model's state, for routes and health.
-pub enum ModelState<'a> {
-    Loading,
-    Ready(&'a Endpoint),
-    Failed(&'a str),
-}
-
-impl Model {
-    pub fn new(config: ModelConfig) -> Arc<Model> {
-        Arc::new(Model { config, state: OnceLock::new() })
-    }
-
-    pub fn name(&self) -> &str {
-        &self.config.name
-    }
-
-    pub fn state(&self) -> ModelState<'_> {
-        match self.state.get() {
-            None => ModelState::Loading,
-            Some(Ok(batcher)) => ModelState::Ready(batcher),
-            Some(Err(e)) => ModelState::Failed(e),
-        }
-    }
-
-    /// Records the outcome of loading (once).
-    pub fn set_loaded(&self, outcome: Result<Endpoint, String>) {
-        if let Err(e) = &outcome {
-            tracing::error!(model = %self.config.name, error = %e, "model failed to load; the other models still serve");
-        }
-        let _ = self.state.set(outcome);
-    }
-
-    pub fn batcher(&self) -> Option<&Batcher> {
-        self.endpoint().map(|e| &e.batcher)
-    }
-
-    pub fn endpoint(&self) -> Option<&Endpoint> {
-        self.state.get().and_then(|s| s.as_ref().ok())
-    }
+    Ok(Endpoint { version: config.version, batcher, text, batching, warmed })
 }

@@ -7,24 +7,28 @@ use std::time::Duration;
 use inferd_core::Task;
 
 use crate::codec::Limits;
-use crate::config::{Secret, ServeConfig};
+use crate::config::{ModelControl, Secret, ServeConfig};
 use crate::drain::Drain;
 use crate::error::AppError;
 use crate::gpu::{GpuInfo, GpuMonitor};
 use crate::metrics::Metrics;
-use crate::repository::{Defaults, Endpoint, Model, ModelState};
+use crate::registry::{Model, ModelState, Registry};
+use crate::repository::{Defaults, Endpoint, EngineSettings};
 
 /// The app's state. Cheap to clone: one `Arc`.
 #[derive(Clone)]
 pub struct AppState(Arc<ServerState>);
 
-/// Built once at start-up; after that only the models' states, the GPU snapshot, the metrics and the drain
-/// phase change, each behind its own synchronisation.
+/// Built once at start-up; after that only the models (model control), their states, the GPU snapshot, the
+/// metrics and the drain phase change, each behind its own synchronisation.
 struct ServerState {
-    /// Sorted by name.
-    models: Vec<Arc<Model>>,
-    /// The model `/predict` serves, if it is determined.
+    registry: Registry,
+    /// The models that the routes without a model name serve: fixed at start-up.
     defaults: Defaults,
+    /// What model control's loads build engines with.
+    settings: EngineSettings,
+    model_control: ModelControl,
+    strict_readiness: bool,
     gpu: GpuMonitor,
     metrics: Metrics,
     drain: Arc<Drain>,
@@ -37,6 +41,16 @@ struct ServerState {
     api_keys: Vec<Secret>,
     /// Whether /metrics needs a key too.
     protect_metrics: bool,
+}
+
+/// The server's status and readiness, as the probes say them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assessment {
+    pub status: Status,
+    /// Why the status is not `healthy`.
+    pub reason: Option<String>,
+    /// Whether the server takes traffic: `/health/ready` answers 200.
+    pub ready: bool,
 }
 
 /// The server's overall status, as `/health` says it.
@@ -60,17 +74,23 @@ impl Status {
 }
 
 impl AppState {
-    /// The state for `models` under `config`; fails only where the API key file cannot be read.
+    /// The state for `registry` under `config`; fails only where the API key file cannot be read.
     pub fn new(
         config: &ServeConfig,
-        models: Vec<Arc<Model>>,
+        registry: Registry,
         defaults: Defaults,
+        settings: EngineSettings,
         gpu: GpuMonitor,
     ) -> anyhow::Result<AppState> {
-        let names: Vec<&str> = models.iter().map(|m| m.name()).collect();
+        let models = registry.snapshot();
+        let mut names: Vec<&str> = models.iter().map(|m| m.name()).collect();
+        names.dedup();
         let metrics = Metrics::new(&names);
         Ok(AppState(Arc::new(ServerState {
             defaults,
+            settings,
+            model_control: config.model_control,
+            strict_readiness: config.strict_readiness,
             gpu,
             metrics,
             drain: Arc::new(Drain::new(config.drain_delay(), config.drain_timeout())),
@@ -84,12 +104,25 @@ impl AppState {
             request_timeout: config.request_timeout(),
             api_keys: config.api_keys()?,
             protect_metrics: config.protect_metrics,
-            models,
+            registry,
         })))
     }
 
-    pub fn models(&self) -> &[Arc<Model>] {
-        &self.0.models
+    /// Every model version, as they are now.
+    pub fn models(&self) -> Arc<Vec<Arc<Model>>> {
+        self.0.registry.snapshot()
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.0.registry
+    }
+
+    pub fn engine_settings(&self) -> &EngineSettings {
+        &self.0.settings
+    }
+
+    pub fn model_control(&self) -> ModelControl {
+        self.0.model_control
     }
 
     pub fn default_model(&self) -> Option<&str> {
@@ -103,8 +136,11 @@ impl AppState {
 
     /// The names of the models that embed text, quoted.
     pub fn text_model_names(&self) -> String {
-        let names = self.0.models.iter().filter(|m| m.config.task == Task::Embed).map(|m| format!("`{}`", m.name()));
-        names.collect::<Vec<_>>().join(", ")
+        let models = self.models();
+        let mut names: Vec<String> =
+            models.iter().filter(|m| m.config.task == Task::Embed).map(|m| format!("`{}`", m.name())).collect();
+        names.dedup();
+        names.join(", ")
     }
 
     pub fn gpu(&self) -> &GpuMonitor {
@@ -139,77 +175,112 @@ impl AppState {
         self.0.protect_metrics
     }
 
-    /// The model named `name`, or a 404 that lists the models there are.
-    pub fn model(&self, name: &str) -> Result<&Arc<Model>, AppError> {
-        self.find(name).ok_or_else(|| {
-            AppError::not_found(format!(
-                "no model named `{}` (this server has {})",
-                crate::codec::quoted(name),
-                self.model_names()
-            ))
-        })
+    /// The model named `name` (the version routes without one serve), or a 404 that lists the models there are.
+    pub fn model(&self, name: &str) -> Result<Arc<Model>, AppError> {
+        self.find(name).ok_or_else(|| self.no_such_model(name))
     }
 
-    /// The model named `name`, if the server has one.
-    pub fn find(&self, name: &str) -> Option<&Arc<Model>> {
-        self.0.models.iter().find(|m| m.name() == name)
+    fn no_such_model(&self, name: &str) -> AppError {
+        AppError::not_found(format!(
+            "no model named `{}` (this server has {})",
+            crate::codec::quoted(name),
+            self.model_names()
+        ))
+    }
+
+    /// The model named `name`, if the server has one: the version routes without one serve.
+    pub fn find(&self, name: &str) -> Option<Arc<Model>> {
+        self.0.registry.find(name)
     }
 
     /// The models' names, quoted, for messages.
     pub fn model_names(&self) -> String {
-        self.0.models.iter().map(|m| format!("`{}`", m.name())).collect::<Vec<_>>().join(", ")
+        let models = self.models();
+        let mut names: Vec<String> = models.iter().map(|m| format!("`{}`", m.name())).collect();
+        names.dedup();
+        names.join(", ")
     }
 
-    /// The model, loaded, or why it is not.
+    /// The model, loaded (its newest ready version), or why it is not.
     pub fn endpoint(&self, name: &str) -> Result<Endpoint, AppError> {
-        match self.model(name)?.state() {
+        self.endpoint_of(&*self.model(name)?)
+    }
+
+    /// Version `version` of the model, or the one routes without a version serve.
+    pub fn model_version(&self, name: &str, version: Option<u64>) -> Result<Arc<Model>, AppError> {
+        let Some(v) = version else { return self.model(name) };
+        self.0.registry.find_version(name, v).ok_or_else(|| {
+            let versions = self.0.registry.versions(name);
+            if versions.is_empty() {
+                self.no_such_model(name)
+            } else {
+                AppError::not_found(format!(
+                    "model `{}` has no version {v} (it has {versions:?})",
+                    crate::codec::quoted(name)
+                ))
+            }
+        })
+    }
+
+    /// The model's loaded engines, or why it has none.
+    pub fn endpoint_of(&self, model: &Model) -> Result<Endpoint, AppError> {
+        let name = model.name();
+        match model.state() {
             ModelState::Ready(endpoint) => Ok(endpoint.clone()),
             ModelState::Loading => Err(AppError::unavailable(format!("model `{name}` is still loading"))),
             ModelState::Failed(e) => Err(AppError::unavailable(format!("model `{name}` failed to load: {e}"))),
+            ModelState::Unloaded(why) => Err(AppError::unavailable(format!("model `{name}` is not loaded: {why}"))),
         }
     }
 
     /// Why the server is not ready, or `None` when it is.
     pub fn readiness(&self) -> Option<String> {
-        match self.assess(&self.0.gpu.snapshot()) {
-            (Status::Healthy, _) => None,
-            (status, reason) => Some(reason.unwrap_or_else(|| status.as_str().to_owned())),
-        }
+        let assessment = self.assess(&self.0.gpu.snapshot());
+        (!assessment.ready).then(|| assessment.reason.unwrap_or_else(|| assessment.status.as_str().to_owned()))
     }
 
-    /// The server's overall status and, when not ready, why.
-    pub fn assess(&self, gpus: &[GpuInfo]) -> (Status, Option<String>) {
+    /// The server's overall status, why it is not healthy, and whether it is ready. With
+    /// `--strict-readiness true` it is ready when every model it is to serve is ready; with `false`, when at
+    /// least one is. Models that model control unloaded do not count.
+    pub fn assess(&self, gpus: &[GpuInfo]) -> Assessment {
         if self.0.drain.is_draining() {
-            return (Status::Draining, Some("the server is shutting down".into()));
-        }
-        let mut degraded = None;
-        for model in &self.0.models {
-            match model.state() {
-                ModelState::Loading => {
-                    return (Status::Starting, Some(format!("model `{}` is still loading", model.name())))
-                }
-                ModelState::Failed(e) => {
-                    degraded.get_or_insert_with(|| format!("model `{}` failed to load: {e}", model.name()));
-                }
-                ModelState::Ready(_) => {}
-            }
-        }
-        if degraded.is_none() && self.0.require_gpu {
-            degraded = if gpus.is_empty() {
-                Some("a GPU is required (--require-gpu), but none is visible".into())
-            } else {
-                self.0.models.iter().filter_map(|m| m.batcher()).find(|b| !b.metadata().on_gpu()).map(|b| {
-                    format!(
-                        "a GPU is required (--require-gpu), but model `{}` runs on {}",
-                        b.name(),
-                        b.metadata().device
-                    )
-                })
+            return Assessment {
+                status: Status::Draining,
+                reason: Some("the server is shutting down".into()),
+                ready: false,
             };
         }
-        match degraded {
-            Some(reason) => (Status::Degraded, Some(reason)),
-            None => (Status::Healthy, None),
+        let models = self.models();
+        let (mut loading, mut failed, mut ready) = (None, None, 0usize);
+        for model in models.iter().filter(|m| m.expected()) {
+            match model.state() {
+                ModelState::Loading => {
+                    loading.get_or_insert_with(|| format!("model `{}` is still loading", model.name()));
+                }
+                ModelState::Failed(e) => {
+                    failed.get_or_insert_with(|| format!("model `{}` failed to load: {e}", model.name()));
+                }
+                ModelState::Ready(_) => ready += 1,
+                ModelState::Unloaded(_) => {}
+            }
         }
+        let gpu_missing = match self.0.require_gpu {
+            false => None,
+            true if gpus.is_empty() => Some("a GPU is required (--require-gpu), but none is visible".into()),
+            true => models.iter().filter_map(|m| m.batcher()).find(|b| !b.metadata().on_gpu()).map(|b| {
+                format!("a GPU is required (--require-gpu), but model `{}` runs on {}", b.name(), b.metadata().device)
+            }),
+        };
+        let ready = if self.0.strict_readiness {
+            loading.is_none() && failed.is_none() && gpu_missing.is_none()
+        } else {
+            ready > 0 && gpu_missing.is_none()
+        };
+        let (status, reason) = match (loading, failed.or(gpu_missing)) {
+            (Some(loading), _) => (Status::Starting, Some(loading)),
+            (None, Some(degraded)) => (Status::Degraded, Some(degraded)),
+            (None, None) => (Status::Healthy, None),
+        };
+        Assessment { status, reason, ready }
     }
 }

@@ -222,7 +222,7 @@ async fn a_missing_onnx_runtime_fails_only_the_onnx_models() {
 
 #[test]
 fn a_broken_model_toml_stops_start_up_naming_the_file_and_field() {
-    let repo = repo(&["digits-candle"], |t| t.replace("max_batch_size = 64", "max_batch_size = 0"));
+    let repo = repo(&["digits-candle"], |t| t.replace("max_batch_size = 64", "max_batch_size = 70000"));
     let out = Command::new(env!("CARGO_BIN_EXE_inferd"))
         .args(["serve", "--host", "127.0.0.1", "--port", "0", "--models"])
         .arg(repo.path())

@@ -39,7 +39,10 @@ fn reference(x: &[f64; 3]) -> [f64; 2] {
 fn config(dir: &Path, file: std::path::PathBuf, precision: Option<Precision>) -> ModelConfig {
     ModelConfig {
         name: "tiny".into(),
+        version: 1,
         dir: dir.to_path_buf(),
+        config_file: dir.join(inferd_core::MODEL_CONFIG_FILE),
+        version_policy: Default::default(),
         backend: inferd_core::Backend::Candle,
         file,
         device: DeviceSpec::Cpu,
@@ -50,6 +53,7 @@ fn config(dir: &Path, file: std::path::PathBuf, precision: Option<Precision>) ->
         outputs: vec![],
         task: inferd_core::Task::Tensors,
         text: Default::default(),
+        warmup: Default::default(),
         onnx: OnnxOptions::default(),
         candle: Some(CandleOptions {
             architecture: "mlp".into(),

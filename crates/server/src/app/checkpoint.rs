@@ -2,6 +2,7 @@
 //! timeout, the end of the drain, and the request metrics of inference routes. One layer rather than one per
 //! concern: each layer costs every request a clone of the route it wraps.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{FromRequestParts, RawPathParams, Request, State};
@@ -58,7 +59,10 @@ pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: 
     };
     let metrics = state.metrics();
     let body_named = matches!(checkpoint.inference, Some(InferenceRoute { model: ModelFrom::Body, .. }));
-    let in_flight = labels.filter(|_| !body_named).map(|(model, protocol)| metrics.in_flight(model, protocol));
+    let in_flight = labels
+        .as_ref()
+        .filter(|_| !body_named)
+        .map(|(model, protocol)| metrics.in_flight(model.as_deref().unwrap_or_default(), *protocol));
     if let Some(gauge) = &in_flight {
         gauge.increment(1);
     }
@@ -84,30 +88,31 @@ pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: 
     }
     if let Some((mut model, protocol)) = labels {
         if body_named {
-            let named = response.extensions().get::<ServedModel>().and_then(|m| state.find(&m.0));
-            model = named.map_or("", |m| m.name());
+            model = response.extensions().get::<ServedModel>().and_then(|m| state.find(&m.0)).map(|m| m.label());
         }
+        let model = model.as_deref().unwrap_or_default();
         metrics.request_done(model, protocol, response.status().as_u16(), started.elapsed());
     }
     response
 }
 
-/// The `model` label of an inference request. A model this server does not have is labelled `""`, so that
-/// clients cannot mint series.
-async fn model_label<'s>(
-    state: &'s AppState,
+/// The `model` label of an inference request: the model's own name, shared. A model this server does not have
+/// is `None`, labelled `""`, so that clients cannot mint series.
+async fn model_label(
+    state: &AppState,
     route: InferenceRoute,
     parts: &mut axum::http::request::Parts,
-) -> &'s str {
-    let param = match route.model {
-        ModelFrom::Default => return state.default_model().unwrap_or_default(),
-        ModelFrom::DefaultEmbed => return state.default_embed_model().unwrap_or_default(),
-        ModelFrom::Body => return "",
-        ModelFrom::Path(param) => param,
+) -> Option<Arc<str>> {
+    let name = match route.model {
+        ModelFrom::Default => state.default_model(),
+        ModelFrom::DefaultEmbed => state.default_embed_model(),
+        ModelFrom::Body => None,
+        ModelFrom::Path(param) => {
+            let params = RawPathParams::from_request_parts(parts, state).await.ok()?;
+            return params.iter().find(|(k, _)| *k == param).and_then(|(_, name)| state.find(name)).map(|m| m.label());
+        }
     };
-    let Ok(params) = RawPathParams::from_request_parts(parts, state).await else { return "" };
-    let name = params.iter().find(|(k, _)| *k == param).map(|(_, v)| v);
-    name.and_then(|name| state.find(name)).map_or("", |m| m.name())
+    name.and_then(|name| state.find(name)).map(|m| m.label())
 }
 
 /// Lets a request through when no key is configured or it carries one of the keys. Keys are compared in

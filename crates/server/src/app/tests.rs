@@ -8,11 +8,19 @@ use tower::ServiceExt;
 
 use super::*;
 use crate::gpu::{GpuMonitor, NoGpu};
+use crate::registry::Registry;
+use crate::repository::EngineSettings;
 
 fn state(draining: bool) -> AppState {
     let config = crate::ServeConfig::from_args(["--max-body-bytes", "1024"]).expect("parses");
-    let state =
-        AppState::new(&config, Vec::new(), Default::default(), GpuMonitor::new(Arc::new(NoGpu))).expect("state");
+    let settings = EngineSettings {
+        onnx: inferd_onnx::OnnxSettings { library: "no-library".into(), default_intra_op_threads: 1 },
+        default_precision: inferd_core::Precision::Fp32,
+        builder: None,
+    };
+    let registry = Registry::new("no-repository".into(), Vec::new());
+    let state = AppState::new(&config, registry, Default::default(), settings, GpuMonitor::new(Arc::new(NoGpu)))
+        .expect("state");
     if draining {
         state.drain().begin();
     }

@@ -14,8 +14,6 @@ use super::{check_json_depth, names, quoted, shape_text, CodecError, Limits};
 
 /// The header that gives the length of a body's JSON part when binary tensors follow it.
 pub const JSON_LENGTH_HEADER: &str = "inference-header-content-length";
-/// The one version every model has.
-pub const MODEL_VERSION: &str = "1";
 
 /// A v2 inference request (its JSON part, when binary tensors follow).
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -256,7 +254,7 @@ fn decode_binary_strings(shape: Vec<usize>, count: usize, bytes: &[u8]) -> Resul
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct V2InferResponse<'a> {
     pub model_name: &'a str,
-    pub model_version: &'static str,
+    pub model_version: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<&'a str>,
     pub outputs: Vec<V2Output<'a>>,
@@ -300,6 +298,7 @@ fn binary_form(t: &Tensor, out: &mut Vec<u8>) {
 /// binary outputs follow, the JSON part's length.
 pub fn encode_infer(
     model: &str,
+    version: u64,
     id: Option<&str>,
     meta: &ModelMetadata,
     outputs: &[Tensor],
@@ -325,7 +324,7 @@ pub fn encode_infer(
             parameters,
         });
     }
-    let response = V2InferResponse { model_name: model, model_version: MODEL_VERSION, id, outputs: json_outputs };
+    let response = V2InferResponse { model_name: model, model_version: version.to_string(), id, outputs: json_outputs };
     let mut body = serde_json::to_vec(&response).map_err(|e| CodecError::Encode(e.to_string()))?;
     let json_len = body.len();
     let has_binary = selection.iter().any(|&(_, b)| b);

@@ -162,7 +162,7 @@ fn json_numbers_are_converted_for_float_inputs_and_timeouts_read() {
 fn answers_put_binary_outputs_after_the_json() {
     let y = Tensor::from_slice(vec![1, 2], &[f16::from_f32(0.5), f16::from_f32(-2.0)]).expect("valid");
     let n = Tensor::from_slice(vec![1], &[7i64]).expect("valid");
-    let (body, len) = encode_infer("m", Some("r1"), &meta(), &[y, n], &[(1, false), (0, true)]).expect("encodes");
+    let (body, len) = encode_infer("m", 1, Some("r1"), &meta(), &[y, n], &[(1, false), (0, true)]).expect("encodes");
     let len = len.expect("a binary output follows");
     let json: serde_json::Value = serde_json::from_slice(&body[..len]).expect("JSON");
     assert_eq!(json["model_name"], "m");
@@ -176,6 +176,7 @@ fn answers_put_binary_outputs_after_the_json() {
     assert_eq!(&body[len..], &[0x00, 0x38, 0x00, 0xc0]);
     let (body, len) = encode_infer(
         "m",
+        1,
         None,
         &meta(),
         &[

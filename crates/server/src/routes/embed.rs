@@ -125,7 +125,7 @@ async fn embed_named(
 }
 
 async fn embed(state: &AppState, model: &str, body: Result<Bytes, BytesRejection>) -> Result<Response, TeiFailure> {
-    let served = infer(state, model, TeiFormat, body).await?;
+    let served = infer(state, state.endpoint(model)?, TeiFormat, body).await?;
     let headers = served.headers();
     Ok((headers, [(axum::http::header::CONTENT_TYPE, "application/json")], served.answer).into_response())
 }

@@ -11,8 +11,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::gpu::GpuInfo;
-use crate::repository::{Model, ModelState};
-use crate::state::{AppState, Status};
+use crate::registry::{Model, ModelState};
+use crate::state::{AppState, Assessment};
 
 /// The probes: open to all.
 pub fn probe_routes() -> OpenApiRouter<AppState> {
@@ -43,19 +43,27 @@ pub struct Health<'a> {
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ModelHealth<'a> {
     name: &'a str,
+    /// `1`, or the number of its version folder.
+    version: u64,
     backend: &'static str,
     /// `tensors`, or `embed` for a text model.
     task: &'static str,
     ready: bool,
-    /// `loading`, `ready` or `failed`.
+    /// `loading`, `ready`, `failed`, or `unloaded` (by model control, which then says why in `error`).
     state: &'static str,
     device: Option<&'a str>,
     precision: Option<&'static str>,
+    /// Whether it ran its warm-up; false while loading, and for a model whose input shapes are not all known and
+    /// whose `[warmup]` gives none (its first requests pay for the engine's set-up).
+    warmed: bool,
+    /// Rows per batch at most; 0 when each request runs alone, as sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_batch_size: Option<usize>,
     queue_depth: usize,
     requests: u64,
     batches: u64,
     rows: u64,
-    /// Why the model failed to load.
+    /// Why the model failed to load, or is unloaded.
     error: Option<&'a str>,
     /// Text models: the embedding's length.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -69,12 +77,15 @@ impl<'a> ModelHealth<'a> {
     fn of(model: &'a Model) -> Self {
         let mut h = ModelHealth {
             name: model.name(),
+            version: model.version(),
             backend: model.config.backend.as_str(),
             task: model.config.task.as_str(),
             ready: false,
             state: "loading",
             device: None,
             precision: None,
+            warmed: false,
+            max_batch_size: None,
             queue_depth: 0,
             requests: 0,
             batches: 0,
@@ -89,6 +100,10 @@ impl<'a> ModelHealth<'a> {
                 h.state = "failed";
                 h.error = Some(e);
             }
+            ModelState::Unloaded(why) => {
+                h.state = "unloaded";
+                h.error = Some(why);
+            }
             ModelState::Ready(endpoint) => {
                 let b = &endpoint.batcher;
                 let stats = b.stats();
@@ -100,6 +115,8 @@ impl<'a> ModelHealth<'a> {
                 h.state = "ready";
                 h.device = Some(&b.metadata().device);
                 h.precision = Some(b.metadata().precision.as_str());
+                h.warmed = endpoint.warmed;
+                h.max_batch_size = Some(endpoint.batching.max_batch_size);
                 h.queue_depth = b.queue_depth();
                 h.requests = stats.requests.load(Ordering::Relaxed);
                 h.batches = stats.batches.load(Ordering::Relaxed);
@@ -112,21 +129,22 @@ impl<'a> ModelHealth<'a> {
 
 /// The server's status, its GPUs and its models.
 #[utoipa::path(get, path = "/health", tag = "health", responses(
-    (status = 200, body = Health, description = "Every model is ready"),
+    (status = 200, body = Health, description = "Ready (--strict-readiness: every model, or at least one)"),
     (status = 503, body = Health, description = "Starting, degraded or draining: `reason` says why")))]
 async fn health(State(state): State<AppState>) -> Response {
     let gpus = state.gpu().snapshot();
-    let (status, reason) = state.assess(&gpus);
+    let assessment = state.assess(&gpus);
+    let models = state.models();
     let body = Health {
-        status: status.as_str(),
-        reason,
+        status: assessment.status.as_str(),
+        reason: assessment.reason,
         gpu_available: !gpus.is_empty(),
         gpu_name: gpus.first().map(|g| g.name.as_str()),
         gpus: &gpus,
-        models: state.models().iter().map(|m| ModelHealth::of(m)).collect(),
+        models: models.iter().map(|m| ModelHealth::of(m)).collect(),
         version: env!("CARGO_PKG_VERSION"),
     };
-    let code = if status == Status::Healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let code = if assessment.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (code, Json(body)).into_response()
 }
 
@@ -146,13 +164,14 @@ async fn live() -> Json<ProbeStatus> {
     Json(ProbeStatus { status: "alive", error: None })
 }
 
-/// Readiness: every model loaded and warmed, and the server not draining.
+/// Readiness: every model loaded and warmed (with `--strict-readiness false`, at least one), and the server not
+/// draining.
 #[utoipa::path(get, path = "/health/ready", tag = "health", responses(
     (status = 200, body = ProbeStatus), (status = 503, body = ProbeStatus)))]
 async fn ready(State(state): State<AppState>) -> Response {
     match state.assess(&state.gpu().snapshot()) {
-        (Status::Healthy, _) => Json(ProbeStatus { status: "ready", error: None }).into_response(),
-        (status, reason) => (
+        Assessment { ready: true, .. } => Json(ProbeStatus { status: "ready", error: None }).into_response(),
+        Assessment { status, reason, .. } => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(ProbeStatus { status: status.as_str(), error: Some(reason.unwrap_or_default()) }),
         )
@@ -165,7 +184,7 @@ async fn ready(State(state): State<AppState>) -> Response {
     responses((status = 200, content_type = "text/plain; version=0.0.4", body = String)))]
 async fn metrics(State(state): State<AppState>) -> Response {
     let gpus = state.gpu().snapshot();
-    let text = state.metrics().render(state.models(), &gpus);
+    let text = state.metrics().render(&state.models(), &gpus);
     ([(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"))], text)
         .into_response()
 }

@@ -174,7 +174,7 @@ async fn embeddings(
     };
     let model = request.model;
     let format = OpenAiFormat { job: Some(TextJob::new(input)), encoding: format, dimensions: request.dimensions };
-    let served = infer(&state, &model, format, Ok(Bytes::new())).await?;
+    let served = infer(&state, state.endpoint(&model)?, format, Ok(Bytes::new())).await?;
     let mut response = (served.headers(), [(header::CONTENT_TYPE, "application/json")], served.answer).into_response();
     response.extensions_mut().insert(ServedModel(model));
     Ok(response)
@@ -261,11 +261,13 @@ pub struct ModelCard<'a> {
 #[utoipa::path(get, path = "/v1/models", tag = "embeddings", responses((status = 200, body = ModelList)),
     security(("api_key" = [])))]
 async fn models(State(state): State<AppState>) -> Response {
-    let data = state
-        .models()
+    let models = state.models();
+    let mut data: Vec<ModelCard<'_>> = models
         .iter()
         .filter(|m| m.config.task == inferd_core::Task::Embed)
         .map(|m| ModelCard { id: m.name(), object: "model", created: 0, owned_by: "inferd" })
         .collect();
+    // A model's versions are one model to OpenAI's clients.
+    data.dedup_by(|a, b| a.id == b.id);
     Json(ModelList { object: "list", data }).into_response()
 }

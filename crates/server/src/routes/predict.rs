@@ -84,7 +84,7 @@ async fn predict(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, AppError> {
     let format = PredictFormat { deadline: queue_deadline(headers)? };
-    let served = infer(state, model, format, body).await?;
+    let served = infer(state, state.endpoint(model)?, format, body).await?;
     let content_type = [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))];
     Ok((served.headers(), content_type, served.answer).into_response())
 }

@@ -1,7 +1,10 @@
-//! The KServe v2 / Open Inference Protocol routes, so that Triton's clients work unchanged. Every model has one
-//! version, `1`. The inference wire format itself is the codec's ([`crate::codec::v2`]).
+//! The KServe v2 / Open Inference Protocol routes, so that Triton's clients work unchanged, with Triton's model
+//! repository extension (the index, and load and unload under `--model-control explicit`). A model serves version
+//! `1`, or the numbered version folders its policy chooses; routes without a version serve the newest ready one.
+//! The inference wire format itself is the codec's ([`crate::codec::v2`]).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -17,13 +20,13 @@ use serde_json::json;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::codec::v2::{
-    decode_infer, encode_infer, V2InferRequest, V2InferResponse, JSON_LENGTH_HEADER, MODEL_VERSION,
-};
+use crate::codec::v2::{decode_infer, encode_infer, V2InferRequest, V2InferResponse, JSON_LENGTH_HEADER};
 use crate::codec::{quoted, CodecError, Limits};
+use crate::config::ModelControl;
 use crate::error::{AppError, ErrorBody, InferErrors};
 use crate::infer::{body_error, deadline_in, infer, Job, Outputs, WireFormat};
-use crate::repository::{Endpoint, ModelState};
+use crate::registry::{ControlError, Model, ModelState};
+use crate::repository::Endpoint;
 use crate::state::AppState;
 
 /// The path parameter that names the model.
@@ -34,11 +37,13 @@ pub fn probe_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(server_live)).routes(routes!(server_ready))
 }
 
-/// Metadata, readiness, configuration and the repository index, behind the API key when one is configured.
+/// Metadata, readiness, configuration and the repository, behind the API key when one is configured.
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(server_metadata))
         .routes(routes!(repository_index))
+        .routes(routes!(repository_load))
+        .routes(routes!(repository_unload))
         .routes(routes!(model_metadata))
         .routes(routes!(version_metadata))
         .routes(routes!(model_ready))
@@ -52,8 +57,8 @@ pub fn inference_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(infer_latest)).routes(routes!(infer_version))
 }
 
-/// The model a v2 route names (percent-decoded), its version checked.
-struct ModelName(String);
+/// The model a v2 route names (percent-decoded), and the version, if it names one.
+struct ModelName(String, Option<u64>);
 
 impl<S: Send + Sync> FromRequestParts<S> for ModelName {
     type Rejection = AppError;
@@ -63,14 +68,27 @@ impl<S: Send + Sync> FromRequestParts<S> for ModelName {
             .await
             .map_err(|e| AppError::bad_request(e.body_text()))?;
         let name = params.get(MODEL_PARAM).cloned().unwrap_or_default();
-        match params.get("version") {
-            Some(v) if v != MODEL_VERSION => Err(AppError::not_found(format!(
-                "model `{}` has no version `{}`: inferd serves each model as version {MODEL_VERSION}",
-                quoted(&name),
-                quoted(v)
-            ))),
-            _ => Ok(ModelName(name)),
-        }
+        let version = match params.get("version") {
+            None => None,
+            Some(v) => Some(v.parse::<u64>().ok().filter(|&v| v > 0).ok_or_else(|| {
+                AppError::not_found(format!(
+                    "model `{}` has no version `{}`: versions are positive numbers",
+                    quoted(&name),
+                    quoted(v)
+                ))
+            })?),
+        };
+        Ok(ModelName(name, version))
+    }
+}
+
+impl ModelName {
+    fn endpoint(&self, state: &AppState) -> Result<Endpoint, AppError> {
+        state.endpoint_of(&*self.model(state)?)
+    }
+
+    fn model(&self, state: &AppState) -> Result<Arc<Model>, AppError> {
+        state.model_version(&self.0, self.1)
     }
 }
 
@@ -117,14 +135,15 @@ pub struct V2IndexRequest {
     ready: bool,
 }
 
-/// One model in the repository index.
+/// One model version in the repository index.
 #[derive(Serialize, utoipa::ToSchema)]
-pub struct V2IndexEntry<'a> {
-    name: &'a str,
-    version: &'static str,
+pub struct V2IndexEntry {
+    name: String,
+    /// Empty for a model of the repository that was never loaded.
+    version: String,
     /// `READY`, `LOADING` or `UNAVAILABLE`.
     state: &'static str,
-    reason: &'a str,
+    reason: String,
 }
 
 /// The models and their states.
@@ -142,24 +161,109 @@ async fn repository_index(
     } else {
         serde_json::from_slice(&body).map_err(|e| AppError::bad_request(format!("invalid index request: {e}")))?
     };
-    let index: Vec<V2IndexEntry<'_>> = state
-        .models()
+    let models = state.models();
+    let mut index: Vec<V2IndexEntry> = models
         .iter()
-        .filter_map(|m| {
+        .map(|m| {
             let (state, reason) = match m.state() {
                 ModelState::Ready(_) => ("READY", ""),
                 ModelState::Loading => ("LOADING", ""),
-                ModelState::Failed(e) => ("UNAVAILABLE", e),
+                ModelState::Failed(e) | ModelState::Unloaded(e) => ("UNAVAILABLE", e),
             };
-            (!request.ready || state == "READY").then_some(V2IndexEntry {
-                name: m.name(),
-                version: MODEL_VERSION,
-                state,
-                reason,
-            })
+            V2IndexEntry { name: m.name().into(), version: m.version().to_string(), state, reason: reason.into() }
         })
         .collect();
+    if state.model_control() == ModelControl::Explicit {
+        // Model folders added since start-up, which a load would serve.
+        index.extend(state.registry().unknown_folders().into_iter().map(|name| V2IndexEntry {
+            name,
+            version: String::new(),
+            state: "UNAVAILABLE",
+            reason: "not loaded".into(),
+        }));
+    }
+    index.retain(|e| !request.ready || e.state == "READY");
     Ok(Json(index).into_response())
+}
+
+/// `POST /v2/repository/models/{model}/load` body (optional). Triton's clients may send a configuration or files
+/// in `parameters`; inferd reads the model's folder instead, and refuses them.
+#[derive(Deserialize, Default, utoipa::ToSchema)]
+pub struct V2LoadRequest {
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    parameters: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The model control routes answer only under `--model-control explicit`.
+fn control_allowed(state: &AppState) -> Result<(), AppError> {
+    if state.model_control() != ModelControl::Explicit {
+        return Err(AppError::bad_request(
+            "model control is off: start inferd with --model-control explicit to load and unload models",
+        ));
+    }
+    if state.drain().is_draining() {
+        return Err(AppError::unavailable("the server is shutting down"));
+    }
+    Ok(())
+}
+
+fn control_error(e: ControlError) -> AppError {
+    match e {
+        ControlError::NotFound(m) => AppError::not_found(m),
+        ControlError::Failed(m) => AppError::bad_request(format!("failed to load: {m}")),
+    }
+}
+
+/// Loads a model, or loads it again: reads its folder in the repository (a changed `model.toml` or weights file
+/// takes effect), warms every version its policy serves, then swaps them in; the versions they replace finish
+/// what they hold. A model that fails to load keeps serving what it served. Answers once the model is ready.
+#[utoipa::path(post, path = "/v2/repository/models/{model}/load", tag = "kserve-v2",
+    params(("model" = String, Path, description = "The model's folder in the repository")),
+    request_body(content = Option<V2LoadRequest>),
+    responses((status = 200, description = "Loaded"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 503, body = ErrorBody)),
+    security(("api_key" = [])))]
+async fn repository_load(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<StatusCode, AppError> {
+    control_allowed(&state)?;
+    let body = body.map_err(body_error)?;
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        let request: V2LoadRequest =
+            serde_json::from_slice(&body).map_err(|e| AppError::bad_request(format!("invalid load request: {e}")))?;
+        if let Some(key) = request.parameters.keys().next() {
+            return Err(AppError::bad_request(format!(
+                "load parameter `{}` is not supported: inferd loads what the model's folder holds",
+                quoted(key)
+            )));
+        }
+    }
+    let _control = state.registry().control().await;
+    let worker = state.clone();
+    tokio::task::spawn_blocking(move || {
+        worker.registry().load(&name, worker.engine_settings(), &|model| worker.metrics().batch_observer(model))
+    })
+    .await
+    .map_err(|e| AppError::internal(format!("the load task failed: {e}")))?
+    .map_err(control_error)?;
+    Ok(StatusCode::OK)
+}
+
+/// Unloads a model: requests already queued finish; later ones are refused (503) until it is loaded again.
+#[utoipa::path(post, path = "/v2/repository/models/{model}/unload", tag = "kserve-v2",
+    params(("model" = String, Path, description = "The model")),
+    request_body(content = Option<Object>),
+    responses((status = 200, description = "Unloaded"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 503, body = ErrorBody)),
+    security(("api_key" = [])))]
+async fn repository_unload(State(state): State<AppState>, Path(name): Path<String>) -> Result<StatusCode, AppError> {
+    control_allowed(&state)?;
+    let _control = state.registry().control().await;
+    state.registry().unload(&name).map_err(control_error)?;
+    Ok(StatusCode::OK)
 }
 
 /// A tensor's name, KServe data type and shape (`-1` for a variable dimension).
@@ -181,7 +285,8 @@ impl<'a> V2TensorMetadata<'a> {
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct V2ModelMetadata<'a> {
     name: &'a str,
-    versions: [&'static str; 1],
+    /// The versions ready to serve.
+    versions: Vec<String>,
     platform: &'static str,
     inputs: Vec<V2TensorMetadata<'a>>,
     outputs: Vec<V2TensorMetadata<'a>>,
@@ -203,12 +308,18 @@ pub struct V2TextParameters {
 #[utoipa::path(get, path = "/v2/models/{model}", tag = "kserve-v2", params(("model" = String, Path, description = "The model")),
     responses((status = 200, body = V2ModelMetadata), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("api_key" = [])))]
-async fn model_metadata(State(state): State<AppState>, ModelName(name): ModelName) -> Result<Response, AppError> {
-    let endpoint = state.endpoint(&name)?;
+async fn model_metadata(State(state): State<AppState>, model: ModelName) -> Result<Response, AppError> {
+    let endpoint = model.endpoint(&state)?;
     let meta = endpoint.metadata();
+    let models = state.models();
+    let versions = models
+        .iter()
+        .filter(|m| m.name() == endpoint.name() && m.endpoint().is_some())
+        .map(|m| m.version().to_string())
+        .collect();
     Ok(Json(V2ModelMetadata {
         name: endpoint.name(),
-        versions: [MODEL_VERSION],
+        versions,
         platform: meta.platform,
         inputs: V2TensorMetadata::all(&meta.inputs),
         outputs: V2TensorMetadata::all(&meta.outputs),
@@ -225,8 +336,8 @@ async fn model_metadata(State(state): State<AppState>, ModelName(name): ModelNam
 #[utoipa::path(get, path = "/v2/models/{model}/ready", tag = "kserve-v2", params(("model" = String, Path, description = "The model")),
     responses((status = 200, description = "Ready"), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("api_key" = [])))]
-async fn model_ready(State(state): State<AppState>, ModelName(name): ModelName) -> Result<StatusCode, AppError> {
-    state.endpoint(&name).map(|_| StatusCode::OK)
+async fn model_ready(State(state): State<AppState>, model: ModelName) -> Result<StatusCode, AppError> {
+    model.endpoint(&state).map(|_| StatusCode::OK)
 }
 
 /// Triton's name for a data type in a model configuration.
@@ -242,17 +353,16 @@ fn config_type(datatype: DataType) -> String {
     responses((status = 200, body = Object, description = "Triton-style model configuration"),
         (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("api_key" = [])))]
-async fn model_config(State(state): State<AppState>, ModelName(name): ModelName) -> Result<Response, AppError> {
-    let model = state.model(&name)?;
-    let endpoint = state.endpoint(&name)?;
+async fn model_config(State(state): State<AppState>, model: ModelName) -> Result<Response, AppError> {
+    let model = model.model(&state)?;
+    let endpoint = state.endpoint_of(&model)?;
     let meta = endpoint.metadata();
+    let batching = &endpoint.batching;
+    // Triton's dims leave out the batch dimension, where the model batches.
+    let dims = |s: &TensorSpec| if batching.max_batch_size > 0 { s.row_dims().to_vec() } else { s.shape.clone() };
     let tensors = |specs: &[TensorSpec]| -> Vec<serde_json::Value> {
-        specs
-            .iter()
-            .map(|s| json!({ "name": s.name, "data_type": config_type(s.datatype), "dims": s.row_dims() }))
-            .collect()
+        specs.iter().map(|s| json!({ "name": s.name, "data_type": config_type(s.datatype), "dims": dims(s) })).collect()
     };
-    let batching = &model.config.batching;
     Ok(Json(json!({
         "name": model.name(),
         "platform": meta.platform,
@@ -300,7 +410,7 @@ impl WireFormat for V2Format {
         outputs: &Outputs,
         (id, selection): V2Pending,
     ) -> Result<Self::Answer, CodecError> {
-        encode_infer(model.name(), id.as_deref(), model.metadata(), &outputs.tensors, &selection)
+        encode_infer(model.name(), model.version, id.as_deref(), model.metadata(), &outputs.tensors, &selection)
     }
 }
 
@@ -318,12 +428,12 @@ fn json_length(headers: &HeaderMap) -> Result<Option<usize>, AppError> {
 
 async fn run_infer(
     state: &AppState,
-    name: &str,
+    model: &ModelName,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, AppError> {
     let format = V2Format { json_length: json_length(headers)? };
-    let served = infer(state, name, format, body).await?;
+    let served = infer(state, model.endpoint(state)?, format, body).await?;
     let mut headers = served.headers();
     let (body, json_len) = served.answer;
     match json_len {
@@ -347,11 +457,11 @@ async fn run_infer(
     security(("api_key" = [])))]
 async fn infer_latest(
     State(state): State<AppState>,
-    ModelName(name): ModelName,
+    model: ModelName,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, AppError> {
-    run_infer(&state, &name, &headers, body).await
+    run_infer(&state, &model, &headers, body).await
 }
 
 // The same handlers under `/versions/{version}`: one function per documented path.
@@ -390,9 +500,9 @@ async fn version_config(state: State<AppState>, name: ModelName) -> Result<Respo
     security(("api_key" = [])))]
 async fn infer_version(
     State(state): State<AppState>,
-    ModelName(name): ModelName,
+    model: ModelName,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, AppError> {
-    run_infer(&state, &name, &headers, body).await
+    run_infer(&state, &model, &headers, body).await
 }
