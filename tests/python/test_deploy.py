@@ -311,3 +311,30 @@ def test_every_probe_and_route_in_every_file_is_served_by_inferd(server_url):
             url = f"http://{server_url}/models/digits/predict"  # the test server has several models
         status, answer = get(url, method, body)
         assert status == 200, f"{where}: {method} {path} answered {status}: {answer[:200]}"
+
+
+# --- The readiness policy each deployment states ----------------------------------------------------------------
+
+def test_every_deployment_states_its_readiness_policy():
+    """Each manifest says --strict-readiness itself (the reasons are in the files and the README): strict where an
+    orchestrator rolls out and keeps old replicas serving, relaxed on ACI, which has no rollout to fall back on."""
+    config = next(d for _, d in k8s_documents() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "inferd-config")
+    runtime = next(d for _, d in k8s_documents() if d["kind"] == "ServingRuntime")
+    runtime_env = {e["name"]: e["value"] for e in runtime["spec"]["containers"][0]["env"]}
+    azureml = yaml.safe_load((AZUREML / "deployment.yml").read_text())["environment_variables"]
+    stated = {
+        "AKS": config["data"].get("INFERD_STRICT_READINESS"),
+        "KServe": runtime_env.get("INFERD_STRICT_READINESS"),
+        "Azure ML": azureml.get("INFERD_STRICT_READINESS"),
+    }
+    for path in ACI_FILES:
+        container = next(c for c in yaml.safe_load(path.read_text())["properties"]["containers"] if c["name"] == "inferd")
+        env = {e["name"]: e.get("value") for e in container["properties"]["environmentVariables"]}
+        stated[f"ACI {path.name}"] = env.get("INFERD_STRICT_READINESS")
+    assert stated == {
+        "AKS": "true",
+        "KServe": "true",
+        "Azure ML": "true",
+        "ACI inferd-gpu-gateway.yaml": "false",
+        "ACI inferd-gpu.yaml": "false",
+    }

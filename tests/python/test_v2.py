@@ -163,4 +163,4 @@ def test_an_unknown_model_raises_a_useful_error(client):
 def test_an_unknown_version_is_not_found(client):
     with pytest.raises(InferenceServerException) as e:
         client.get_model_metadata("digits", model_version="2")
-    assert "no version `2`" in e.value.message()
+    assert "model `digits` has no version 2 (it has [1])" in e.value.message()
