@@ -116,6 +116,23 @@ impl Tensor {
         self.shape.iter().product()
     }
 
+    /// The first element that is NaN or infinite, by flat index, with its value; `None` for a tensor of finite
+    /// numbers or of a type that cannot hold anything else.
+    pub fn first_non_finite(&self) -> Option<(usize, f64)> {
+        use half::{bf16, f16};
+        let bytes = self.raw_bytes()?;
+        let first = |size: usize, value: &dyn Fn(&[u8]) -> f64| {
+            bytes.chunks_exact(size).map(value).enumerate().find(|(_, v)| !v.is_finite())
+        };
+        match self.dtype {
+            DataType::Fp16 => first(2, &|b| f16::get(b).to_f64()),
+            DataType::Bf16 => first(2, &|b| bf16::get(b).to_f64()),
+            DataType::Fp32 => first(4, &|b| f64::from(f32::get(b))),
+            DataType::Fp64 => first(8, &f64::get),
+            _ => None,
+        }
+    }
+
     /// Rows along dim 0 (the batch dimension); 1 for a scalar.
     pub fn rows(&self) -> usize {
         self.shape.first().copied().unwrap_or(1)
@@ -253,6 +270,21 @@ impl Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_non_finite_element_is_found_in_every_float_type() {
+        use half::{bf16, f16};
+        let t = Tensor::from_slice(vec![2, 2], &[1.0f32, 2.0, f32::NAN, f32::INFINITY]).expect("valid");
+        assert!(matches!(t.first_non_finite(), Some((2, v)) if v.is_nan()));
+        let t = Tensor::from_slice(vec![3], &[0.0f64, f64::NEG_INFINITY, 1.0]).expect("valid");
+        assert_eq!(t.first_non_finite(), Some((1, f64::NEG_INFINITY)));
+        let t = Tensor::from_slice(vec![2], &[f16::from_f32(1.0), f16::INFINITY]).expect("valid");
+        assert_eq!(t.first_non_finite(), Some((1, f64::INFINITY)));
+        let t = Tensor::from_slice(vec![1], &[bf16::NAN]).expect("valid");
+        assert!(matches!(t.first_non_finite(), Some((0, v)) if v.is_nan()));
+        assert_eq!(Tensor::from_slice(vec![2], &[1.0f32, -3.5]).expect("valid").first_non_finite(), None);
+        assert_eq!(Tensor::from_slice(vec![2], &[1i64, 2]).expect("valid").first_non_finite(), None);
+    }
 
     fn iota(rows: usize, cols: usize, offset: f32) -> Tensor {
         let values: Vec<f32> = (0..rows * cols).map(|i| i as f32 + offset).collect();

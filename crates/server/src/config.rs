@@ -93,6 +93,12 @@ pub struct ServeConfig {
     #[arg(long, env = "INFERD_REQUIRE_GPU")]
     pub require_gpu: bool,
 
+    /// Take NaN and infinities in inputs (only binary tensors can carry them), and give them in outputs: as their
+    /// IEEE values in binary, as the strings "NaN", "Infinity" and "-Infinity" in JSON. Off: such an input is a
+    /// 400 naming the input and element, and such an output a 500 naming the output; never a silent `null`.
+    #[arg(long, env = "INFERD_ALLOW_NON_FINITE")]
+    pub allow_non_finite: bool,
+
     /// Seconds that in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long, env = "INFERD_DRAIN_TIMEOUT", default_value_t = 30.0, value_name = "SECONDS")]
     pub drain_timeout: f64,

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use inferd_batcher::InferRequest;
-use inferd_core::Tensor;
+use inferd_batcher::{InferRequest, Inputs};
+use inferd_core::{Tensor, TensorSpec};
 
 use crate::codec::{CodecError, Limits};
 use crate::error::{AppError, ErrorKind};
@@ -109,9 +109,18 @@ pub async fn infer<F: WireFormat>(
     })
     .await?;
     let ((mut request, text), pending) = decoded.map_err(|e| e.context(format_args!("model `{}`", endpoint.name())))?;
+    let allow_non_finite = state.allow_non_finite();
+    if !allow_non_finite {
+        if let Inputs::Rows(inputs) = &request.inputs {
+            refuse_non_finite(inputs, &endpoint.batcher.metadata().inputs, "input", ErrorKind::BadRequest)?;
+        }
+    }
     // Decoding may have run on the blocking pool: the request's span is this task's.
     request.span = tracing::Span::current();
     let answer = endpoint.batcher.infer(request).await?;
+    if !allow_non_finite {
+        refuse_non_finite(&answer.outputs, &endpoint.batcher.metadata().outputs, "output", ErrorKind::Internal)?;
+    }
     let out_bytes: usize = answer.outputs.iter().map(|t| t.element_count() * 12).sum();
     let encoder = endpoint.clone();
     let mut outputs = Outputs { tensors: answer.outputs, tokens: 0 };
@@ -131,6 +140,25 @@ pub async fn infer<F: WireFormat>(
         queue_time: answer.queue_time,
         compute_time: answer.compute_time,
     })
+}
+
+/// The non-finite policy (`--allow-non-finite` off): the first NaN or infinity in `tensors` is an error of `kind`
+/// that names the tensor and the element.
+fn refuse_non_finite(tensors: &[Tensor], specs: &[TensorSpec], what: &str, kind: ErrorKind) -> Result<(), AppError> {
+    for (t, spec) in tensors.iter().zip(specs) {
+        if let Some((index, value)) = t.first_non_finite() {
+            let value = if value.is_nan() { "NaN".to_owned() } else { format!("{value}") };
+            return Err(AppError::new(
+                kind,
+                format!(
+                    "{what} `{}` holds {value} at element {index}: this server takes and gives finite numbers only \
+                     (--allow-non-finite)",
+                    crate::codec::quoted(&spec.name)
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What a text request's answer needs from its preparation.

@@ -33,6 +33,8 @@ struct ServerState {
     metrics: Metrics,
     drain: Arc<Drain>,
     require_gpu: bool,
+    /// Whether NaN and infinities may pass in and out (`--allow-non-finite`).
+    allow_non_finite: bool,
     max_body_bytes: usize,
     limits: Limits,
     /// Longest a request may take in all.
@@ -95,6 +97,7 @@ impl AppState {
             metrics,
             drain: Arc::new(Drain::new(config.drain_delay(), config.drain_timeout())),
             require_gpu: config.require_gpu,
+            allow_non_finite: config.allow_non_finite,
             max_body_bytes: config.max_body_bytes,
             limits: Limits {
                 max_elements: config.max_elements,
@@ -153,6 +156,10 @@ impl AppState {
 
     pub fn drain(&self) -> &Arc<Drain> {
         &self.0.drain
+    }
+
+    pub fn allow_non_finite(&self) -> bool {
+        self.0.allow_non_finite
     }
 
     pub fn max_body_bytes(&self) -> usize {

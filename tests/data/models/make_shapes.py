@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write two small ONNX graphs of the shapes real exports have, for the repository tests:
+"""Write small ONNX graphs of the shapes real exports have, and one that makes NaN, for the tests:
 
 - detector/model.onnx: `images` FP32 [batch, 3, H, W] with H and W dynamic, as a detector's input is. It pools by 2,
   upsamples by 2 and joins the result to its input, so it runs only at even H and W: at 1x1 (a guessed warm-up) or
@@ -7,6 +7,7 @@
   1x1 convolution of the six joined channels with fixed weights.
 - fixed-batch/model.onnx: `x` FP32 [1, 4] -> `y` FP32 [1, 2] = x @ W + b, exported with a fixed batch of 1 as
   `torch.onnx.export` without `dynamic_axes` does.
+- log/model.onnx: `x` FP32 [batch, 2] -> `y` = log(x): NaN for a negative x, -inf for 0, from finite inputs.
 
 Run: python3 tests/data/models/make_shapes.py   (needs onnx and numpy: benches/python/requirements-models.txt)
 """
@@ -60,4 +61,14 @@ save(
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
     ),
     "fixed-batch",
+)
+
+save(
+    helper.make_graph(
+        [helper.make_node("Log", ["x"], ["y"])],
+        "log",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+    ),
+    "log",
 )

@@ -70,10 +70,36 @@ pub fn app(state: AppState) -> Router {
                 .on_failure(()),
         )
         .layer(SetRequestIdLayer::new(request_id, RandomRequestId))
+        .layer(middleware::map_request(screen_request_id))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
             AppError::internal("the request handler panicked").into_response()
         }))
         .with_state(state)
+}
+
+/// The longest request id a client may choose.
+pub const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// Whether a client's request id is kept: 1 to [`MAX_REQUEST_ID_LEN`] visible characters from a safe set, so that
+/// what the logs and the echoed header carry is an id and nothing a client smuggled in.
+fn acceptable_request_id(id: &[u8]) -> bool {
+    (1..=MAX_REQUEST_ID_LEN).contains(&id.len())
+        && id.iter().all(|&c| c.is_ascii_alphanumeric() || b"-_.:/+=@".contains(&c))
+}
+
+/// Drops a request id that is not acceptable (or sent more than once): a new one is made in its place.
+async fn screen_request_id(mut request: axum::extract::Request) -> axum::extract::Request {
+    let ids = request.headers().get_all(REQUEST_ID_HEADER);
+    let mut iter = ids.iter();
+    let keep = match (iter.next(), iter.next()) {
+        (None, _) => true,
+        (Some(id), None) => acceptable_request_id(id.as_bytes()),
+        (Some(_), Some(_)) => false,
+    };
+    if !keep {
+        request.headers_mut().remove(REQUEST_ID_HEADER);
+    }
+    request
 }
 
 /// Request ids for requests that come without one: random (version 4) UUIDs from a per-thread generator seeded

@@ -59,3 +59,30 @@ async fn unknown_routes_and_models_are_json_404s() {
         .expect("infallible");
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn a_request_id_is_echoed_only_when_it_is_a_plain_short_id() {
+    let id_of = |sent: Vec<&'static [u8]>| async move {
+        let mut request = Request::get("/health/live");
+        for id in sent {
+            request = request.header(REQUEST_ID_HEADER, axum::http::HeaderValue::from_bytes(id).expect("a header"));
+        }
+        let r = app(state(false)).oneshot(request.body(Body::empty()).expect("request")).await.expect("infallible");
+        r.headers()[REQUEST_ID_HEADER].to_str().expect("visible").to_owned()
+    };
+    let fine = "req-42_a.b:c/d+e=f@g".to_owned();
+    assert_eq!(id_of(vec![b"req-42_a.b:c/d+e=f@g"]).await, fine);
+    let longest = "x".repeat(MAX_REQUEST_ID_LEN);
+    assert_eq!(id_of(vec![Box::leak(longest.clone().into_boxed_str()).as_bytes()]).await, longest);
+    let too_long: &'static [u8] = Box::leak("x".repeat(MAX_REQUEST_ID_LEN + 1).into_bytes().into_boxed_slice());
+    for bad in [
+        vec![too_long],
+        vec![b"has space".as_slice()],
+        vec![b"quote\"".as_slice()],
+        vec![b"a".as_slice(), b"b".as_slice()],
+    ] {
+        let replaced = id_of(bad.clone()).await;
+        assert_eq!(replaced.len(), 36, "a new UUID replaces {bad:?}: {replaced}");
+        assert!(uuid::Uuid::parse_str(&replaced).is_ok(), "{replaced}");
+    }
+}

@@ -232,11 +232,24 @@ impl Serialize for ElementJson<'_> {
             DataType::Int16 => s.serialize_i16(i16::get(b)),
             DataType::Int32 => s.serialize_i32(i32::get(b)),
             DataType::Int64 => s.serialize_i64(i64::get(b)),
-            DataType::Fp16 => s.serialize_f32(f16::get(b).to_f32()),
-            DataType::Fp32 => s.serialize_f32(f32::get(b)),
-            DataType::Fp64 => s.serialize_f64(f64::get(b)),
-            DataType::Bf16 => s.serialize_f32(bf16::get(b).to_f32()),
+            DataType::Fp16 => float(s, f64::from(f16::get(b).to_f32())),
+            DataType::Fp32 => float(s, f64::from(f32::get(b))),
+            DataType::Fp64 => float(s, f64::get(b)),
+            DataType::Bf16 => float(s, f64::from(bf16::get(b).to_f32())),
             DataType::Bytes => s.serialize_unit(),
         }
+    }
+}
+
+/// A float as JSON. JSON has no NaN or infinities: where they are allowed out (`--allow-non-finite`), they are the
+/// strings "NaN", "Infinity" and "-Infinity", never `null`.
+fn float<S: Serializer>(s: S, v: f64) -> Result<S::Ok, S::Error> {
+    match v {
+        v if v.is_nan() => s.serialize_str("NaN"),
+        f64::INFINITY => s.serialize_str("Infinity"),
+        f64::NEG_INFINITY => s.serialize_str("-Infinity"),
+        // As f32 where it is exact, so that an FP32 value prints as its shortest f32 form (0.1, not 0.100000001…).
+        v if f64::from(v as f32) == v => s.serialize_f32(v as f32),
+        v => s.serialize_f64(v),
     }
 }
