@@ -91,3 +91,84 @@ async fn allowed_non_finite_numbers_travel_as_ieee_values_in_binary_and_as_strin
         bytes[json_len..].chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4"))).collect();
     assert!(out[0].is_nan() && out[1] == f32::INFINITY, "{out:?}");
 }
+
+#[tokio::test]
+async fn a_request_the_engine_refuses_fails_alone_and_its_batch_neighbours_are_answered() {
+    // A real ONNX Runtime Gather: an id outside 0..7 makes the run fail (INVALID_ARGUMENT). A queue delay gathers
+    // the eight requests into one batch.
+    let repo =
+        Repo::new().copy_test_model("lookup", |t| t.replace("max_queue_delay_us = 0", "max_queue_delay_us = 300000"));
+    let server = std::sync::Arc::new(TestServer::ready(repo.path(), &[], None).await);
+    let ids: Vec<i64> = vec![0, 1, 2, 9, 3, 4, 5, 6];
+    let tasks: Vec<_> = ids
+        .iter()
+        .map(|&id| {
+            let server = server.clone();
+            tokio::spawn(async move {
+                let r = server.post("/models/lookup/predict", json!({ "input": [[id]] }).to_string()).await;
+                let batch =
+                    r.headers().get(inferd_tests::BATCH_SIZE_HEADER).map(|v| v.to_str().unwrap_or("").to_owned());
+                let status = r.status().as_u16();
+                (id, status, batch, r.json::<Value>().await.expect("JSON"))
+            })
+        })
+        .collect();
+    let mut largest = 0;
+    for task in tasks {
+        let (id, status, batch, body) = task.await.expect("task");
+        if id == 9 {
+            assert_eq!(status, 400, "{body}");
+            assert!(body["error"].as_str().expect("error").contains("the engine refused the input"), "{body}");
+        } else {
+            assert_eq!(status, 200, "id {id}, a neighbour of the bad one: {body}");
+            assert_eq!(body["prediction"], json!([[[id as f64, -(id as f64)]]]));
+            largest = largest.max(batch.and_then(|b| b.parse().ok()).unwrap_or(0));
+        }
+    }
+    // The eight ran together and failed; then halves, down to the bad request alone: [8] [4] [2] [1] failed, and
+    // the innocent ones were answered from batches of up to four.
+    let failures = server.metrics().await.value("inferd_batch_failures_total", &[("model", "lookup")]);
+    assert_eq!(failures, 4.0);
+    assert_eq!(largest, 4, "the good half of the batch ran as one batch");
+}
+
+#[tokio::test]
+async fn a_stalled_engine_degrades_its_model_and_fails_readiness_until_it_moves() {
+    let gate = std::sync::Arc::new(inferd_tests::Gate::default());
+    let repo = Repo::new().bundled("digits-candle");
+    let server = std::sync::Arc::new(
+        TestServer::with_engines(
+            repo.path(),
+            &["--stall-timeout", "0.3"],
+            inferd_tests::HeldEngine::builder(gate.clone()),
+        )
+        .await,
+    );
+    assert_eq!(server.health().await.0, 200);
+    let held = {
+        let server = server.clone();
+        tokio::spawn(async move {
+            server.post("/models/digits-candle/predict", inferd_tests::row_body(inferd_tests::HOLD)).await
+        })
+    };
+    gate.wait_held(1).await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let (status, h) = server.health().await;
+    assert_eq!((status, h["status"].clone()), (503, json!("degraded")), "{h}");
+    let model = &h["models"][0];
+    assert_eq!((model["state"].clone(), model["ready"].clone()), (json!("stalled"), json!(false)), "{h}");
+    assert!(model["error"].as_str().expect("why").contains("--stall-timeout 0.3 s"), "{h}");
+    let r = server.client.get(server.url("/health/ready")).send().await.expect("answers");
+    assert_eq!(r.status(), 503);
+    let r = server.client.get(server.url("/health/live")).send().await.expect("answers");
+    assert_eq!(r.status(), 200, "alive all the same");
+    gate.open();
+    assert_eq!(held.await.expect("task").status(), 200);
+    for _ in 0..100 {
+        if server.health().await.0 == 200 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the model stayed stalled after its batch ended");
+}

@@ -177,6 +177,8 @@ struct State {
     live_threads: usize,
     /// Workers waiting for a batch.
     idle_workers: usize,
+    /// When each worker's running batch started; `None` while it waits.
+    running: Vec<Option<Instant>>,
 }
 
 /// A queued request (or one piece of a split one).
@@ -251,6 +253,7 @@ impl Batcher {
                 stopping: false,
                 live_threads: 0,
                 idle_workers: 0,
+                running: vec![None; engines.len()],
             }),
             scheduler_wake: Condvar::new(),
             worker_wake: Condvar::new(),
@@ -277,7 +280,7 @@ impl Batcher {
         spawn(format!("inferd-sched-{name}"), Box::new(move || s.schedule()))?;
         for (i, engine) in engines.into_iter().enumerate() {
             let s = shared.clone();
-            spawn(format!("inferd-{name}-{i}"), Box::new(move || s.work(engine)))?;
+            spawn(format!("inferd-{name}-{i}"), Box::new(move || s.work(i, engine)))?;
         }
         Ok(batcher)
     }
@@ -292,6 +295,13 @@ impl Batcher {
 
     pub fn stats(&self) -> &Stats {
         &self.shared.stats
+    }
+
+    /// How long the longest-running batch has run so far, if a worker is running one: what tells a stalled
+    /// engine from a busy one.
+    pub fn longest_running(&self) -> Option<Duration> {
+        let state = lock(&self.shared.state);
+        state.running.iter().flatten().min().map(Instant::elapsed)
     }
 
     /// Requests waiting for a worker (queued, or in a batch that has not started).
@@ -583,15 +593,17 @@ impl Shared {
     }
 
     /// A worker thread: owns one engine and runs a batch whenever one is cut for it.
-    fn work(&self, mut engine: Box<dyn Engine>) {
+    fn work(&self, index: usize, mut engine: Box<dyn Engine>) {
         loop {
             let batch = {
                 let mut state = lock(&self.state);
+                state.running[index] = None;
                 state.idle_workers += 1;
                 loop {
                     if let Some(batch) = state.ready.pop_front() {
                         state.ready_requests -= batch.len();
                         state.idle_workers -= 1;
+                        state.running[index] = Some(Instant::now());
                         break batch;
                     }
                     if state.stopping && state.queue.is_empty() {
@@ -621,8 +633,7 @@ impl Shared {
         if batch.is_empty() {
             return;
         }
-        let counts: Vec<usize> = batch.iter().map(|p| p.rows).collect();
-        let rows: usize = counts.iter().sum();
+        let rows: usize = batch.iter().map(|p| p.rows).sum();
         let span = tracing::debug_span!(parent: None, "batch", model = %self.name, rows, requests = batch.len());
         for p in &batch {
             span.follows_from(&p.span);
@@ -633,30 +644,18 @@ impl Shared {
                 observer.request_started(started.saturating_duration_since(p.enqueued_at));
             }
         }
-        if self.sequences {
-            let real: usize = batch.iter().map(|p| p.rows * p.seq_len).sum();
-            let padded = rows * batch.iter().map(|p| p.seq_len).max().unwrap_or(0);
-            self.stats.tokens.fetch_add(real as u64, Ordering::Relaxed);
-            self.stats.padded_tokens.fetch_add(padded as u64, Ordering::Relaxed);
-            if let Some(observer) = &self.observer {
-                observer.tokens_batched(real, padded);
-            }
-        }
-        let result = if batch.len() == 1 {
-            run_engine(engine, &batch[0].inputs)
-        } else {
-            match concat_inputs(&batch, self.sequences) {
-                Ok(inputs) => run_engine(engine, &inputs),
-                Err(e) => Err(e),
-            }
-        };
-        let compute_time = started.elapsed();
-        let result = result.and_then(|outputs| self.split_outputs(outputs, rows, &counts));
-        self.stats.batches.fetch_add(1, Ordering::Relaxed);
-        self.stats.rows.fetch_add(rows as u64, Ordering::Relaxed);
-        if let Some(observer) = &self.observer {
-            observer.batch_done(rows, compute_time, result.is_ok());
-        }
+        self.run_isolating(engine, batch, started);
+    }
+
+    /// Runs `batch` and answers its requests. A batch that fails while holding more than one request runs again
+    /// in halves, and those in halves, so that only the requests that make the engine fail (an input it refuses,
+    /// a panic) get its error, and the others their outputs: a poisoned request costs about 2·log2(n) runs of
+    /// smaller batches, never its neighbours' answers.
+    fn run_isolating(&self, engine: &mut dyn Engine, mut batch: Vec<Pending>, started: Instant) {
+        let ran = Instant::now();
+        let rows: usize = batch.iter().map(|p| p.rows).sum();
+        let result = self.execute(engine, &batch);
+        let compute_time = ran.elapsed();
         match result {
             Ok(per_request) => {
                 for (p, outputs) in batch.into_iter().zip(per_request) {
@@ -672,15 +671,56 @@ impl Shared {
                     let _ = p.reply.send(Ok(InferResponse { outputs, batch_rows: rows, queue_time, compute_time }));
                 }
             }
-            Err(error) => {
-                self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(model = %self.name, rows, requests = batch.len(), %error, "batch failed");
+            Err(error) if batch.len() == 1 => {
                 for p in batch {
-                    tracing::warn!(parent: &p.span, model = %self.name, %error, "the request's batch failed");
+                    tracing::warn!(parent: &p.span, model = %self.name, %error, "the request failed");
                     let _ = p.reply.send(Err(error.clone()));
                 }
             }
+            Err(error) => {
+                tracing::warn!(
+                    model = %self.name,
+                    rows,
+                    requests = batch.len(),
+                    %error,
+                    "batch failed: running its halves apart, to fail only the requests that cause it"
+                );
+                let second = batch.split_off(batch.len() / 2);
+                self.run_isolating(engine, batch, started);
+                self.run_isolating(engine, second, started);
+            }
         }
+    }
+
+    /// One engine run over the batch's joined inputs, counted; returns each request's outputs.
+    fn execute(&self, engine: &mut dyn Engine, batch: &[Pending]) -> Result<Vec<Vec<Tensor>>, BatchError> {
+        let started = Instant::now();
+        let counts: Vec<usize> = batch.iter().map(|p| p.rows).collect();
+        let rows: usize = counts.iter().sum();
+        if self.sequences {
+            let real: usize = batch.iter().map(|p| p.rows * p.seq_len).sum();
+            let padded = rows * batch.iter().map(|p| p.seq_len).max().unwrap_or(0);
+            self.stats.tokens.fetch_add(real as u64, Ordering::Relaxed);
+            self.stats.padded_tokens.fetch_add(padded as u64, Ordering::Relaxed);
+            if let Some(observer) = &self.observer {
+                observer.tokens_batched(real, padded);
+            }
+        }
+        let result = match batch {
+            [one] => run_engine(engine, &one.inputs),
+            _ => concat_inputs(batch, self.sequences).and_then(|inputs| run_engine(engine, &inputs)),
+        };
+        let compute_time = started.elapsed();
+        let result = result.and_then(|outputs| self.split_outputs(outputs, rows, &counts));
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.rows.fetch_add(rows as u64, Ordering::Relaxed);
+        if result.is_err() {
+            self.stats.failed_batches.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(observer) = &self.observer {
+            observer.batch_done(rows, compute_time, result.is_ok());
+        }
+        result
     }
 
     /// Splits each output back into the requests' rows: `result[request][output]`.
@@ -697,18 +737,34 @@ impl Shared {
                 self.metadata.outputs.len()
             )));
         }
+        for (output, spec) in outputs.iter().zip(&self.metadata.outputs) {
+            // The batch dimension is the batch's rows whatever the graph declares; the others are the model's.
+            let fits = output.dtype() == spec.datatype
+                && match self.unbatched {
+                    true => spec.accepts(output.shape()),
+                    false => {
+                        output.shape().len() == spec.shape.len()
+                            && output.rows() == rows
+                            && spec.row_dims().iter().zip(&output.shape()[1..]).all(|(&d, &n)| d < 0 || d as usize == n)
+                    }
+                };
+            if !fits {
+                return Err(BatchError::Engine(format!(
+                    "the engine returned output `{}` as {} {:?} for a batch of {rows}; the model declares {} {:?}",
+                    spec.name,
+                    output.dtype(),
+                    output.shape(),
+                    spec.datatype,
+                    spec.shape
+                )));
+            }
+        }
         if self.unbatched {
             // One request, whose outputs are the engine's as they are.
             return Ok(vec![outputs]);
         }
         let mut per_request: Vec<Vec<Tensor>> = counts.iter().map(|_| Vec::with_capacity(outputs.len())).collect();
         for output in outputs {
-            if output.rows() != rows || output.shape().is_empty() {
-                return Err(BatchError::Engine(format!(
-                    "the engine returned {:?} rows for a batch of {rows}",
-                    output.shape().first()
-                )));
-            }
             let pieces = output.split_rows(counts).map_err(|e| BatchError::Engine(e.to_string()))?;
             for (request, piece) in per_request.iter_mut().zip(pieces) {
                 request.push(piece);

@@ -371,3 +371,56 @@ async fn without_batching_shapes_are_still_checked() {
     let err = f.batcher.infer(three_dims).await.expect_err("a rank-3 tensor for a rank-2 input");
     assert!(matches!(&err, BatchError::InvalidInput(m) if m.contains("expected FP32 [-1, -1]")), "{err}");
 }
+
+#[tokio::test]
+async fn a_failing_batch_fails_only_the_requests_that_cause_it() {
+    let f = fixture(batched(64), false);
+    let first = hold_worker(&f, 0.0).await;
+    // Eight requests queue behind the busy worker and will share one batch: one panics the engine, one makes it
+    // fail, one is refused as invalid input; the other five must get their answers.
+    let values = [1.0, -1.0, 2.0, 3.0, -2.0, 4.0, -3.0, 5.0];
+    let tasks: Vec<_> = values.iter().map(|&v| spawn_row(&f.batcher, vec![v])).collect();
+    queued(&f, 9).await;
+    f.gate.open();
+    first.await.expect("task").expect("answered");
+    for (task, v) in tasks.into_iter().zip(values) {
+        let answer = task.await.expect("task");
+        match v {
+            -1.0 => assert!(matches!(&answer, Err(BatchError::Engine(m)) if m.contains("panicked")), "{answer:?}"),
+            -2.0 => assert!(matches!(&answer, Err(BatchError::Engine(m)) if m.contains("asked to fail")), "{answer:?}"),
+            -3.0 => {
+                assert!(matches!(&answer, Err(BatchError::InvalidInput(m)) if m.contains("not welcome")), "{answer:?}")
+            }
+            v => {
+                let answer = answer.expect("an innocent request is answered");
+                assert_eq!(answer.outputs[0].to_vec::<f32>().expect("fp32"), vec![2.0 * v]);
+            }
+        }
+    }
+    let batches = f.observed.batches();
+    assert_eq!(batches[1], (8, false), "the whole batch ran first: {batches:?}");
+    // Every request was answered by a run that succeeded or that held it alone.
+    let ok_rows: usize = batches.iter().filter(|(_, ok)| *ok).map(|(rows, _)| rows).sum();
+    assert_eq!(ok_rows, 1 + 5, "{batches:?}");
+    assert!(batches.len() <= 1 + 2 * 8, "halving, not one request at a time over and over: {batches:?}");
+}
+
+#[tokio::test]
+async fn a_long_running_batch_is_reported_until_it_ends() {
+    let f = fixture(batched(8), false);
+    assert_eq!(f.batcher.longest_running(), None, "idle");
+    let running = hold_worker(&f, 0.0).await;
+    let first = f.batcher.longest_running().expect("a batch runs");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(f.batcher.longest_running().expect("still running") >= first + Duration::from_millis(20));
+    f.gate.open();
+    running.await.expect("task").expect("answered");
+    // The worker clears its mark before it waits for the next batch.
+    for _ in 0..100 {
+        if f.batcher.longest_running().is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("the finished batch is still reported as running");
+}

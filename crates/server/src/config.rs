@@ -93,6 +93,11 @@ pub struct ServeConfig {
     #[arg(long, env = "INFERD_REQUIRE_GPU")]
     pub require_gpu: bool,
 
+    /// Seconds a batch may run before its model is reported stalled: /health then says `degraded` and names it,
+    /// the log says so once, and readiness fails until the batch ends. 0 turns the watch off.
+    #[arg(long, env = "INFERD_STALL_TIMEOUT", default_value_t = 60.0, value_name = "SECONDS")]
+    pub stall_timeout: f64,
+
     /// Take NaN and infinities in inputs (only binary tensors can carry them), and give them in outputs: as their
     /// IEEE values in binary, as the strings "NaN", "Infinity" and "-Infinity" in JSON. Off: such an input is a
     /// 400 naming the input and element, and such an output a 500 naming the output; never a silent `null`.
@@ -250,6 +255,11 @@ impl ServeConfig {
         } else {
             self.precision
         }
+    }
+
+    /// How long a batch may run before its model counts as stalled; `None` when the watch is off.
+    pub fn stall_timeout(&self) -> Option<Duration> {
+        Some(seconds(self.stall_timeout, Duration::ZERO)).filter(|t| !t.is_zero())
     }
 
     pub fn drain_timeout(&self) -> Duration {

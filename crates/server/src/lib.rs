@@ -138,7 +138,8 @@ fn load_in_background(state: &AppState) {
     });
 }
 
-/// The server's background tasks: the GPU snapshot's refresh and the metrics' upkeep. Stopped when dropped.
+/// The server's background tasks: the GPU snapshot's refresh, and every second the metrics' upkeep and the stall
+/// watch. Stopped when dropped.
 struct Background(Vec<JoinHandle<()>>);
 
 impl Background {
@@ -151,6 +152,7 @@ impl Background {
             loop {
                 ticks.tick().await;
                 state.metrics().upkeep();
+                state.watch_stalls();
             }
         });
         Background(vec![refresher, upkeep])

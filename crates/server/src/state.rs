@@ -35,6 +35,10 @@ struct ServerState {
     require_gpu: bool,
     /// Whether NaN and infinities may pass in and out (`--allow-non-finite`).
     allow_non_finite: bool,
+    /// How long a batch may run before its model counts as stalled (`--stall-timeout`).
+    stall_timeout: Option<Duration>,
+    /// The models reported stalled, so that the log says it once per stall. Only the watch writes it.
+    stalled: std::sync::Mutex<Vec<String>>,
     max_body_bytes: usize,
     limits: Limits,
     /// Longest a request may take in all.
@@ -98,6 +102,8 @@ impl AppState {
             drain: Arc::new(Drain::new(config.drain_delay(), config.drain_timeout())),
             require_gpu: config.require_gpu,
             allow_non_finite: config.allow_non_finite,
+            stall_timeout: config.stall_timeout(),
+            stalled: std::sync::Mutex::new(Vec::new()),
             max_body_bytes: config.max_body_bytes,
             limits: Limits {
                 max_elements: config.max_elements,
@@ -240,6 +246,39 @@ impl AppState {
         }
     }
 
+    /// Why `model`'s engine counts as stalled: a batch has run past `--stall-timeout`.
+    pub fn stall(&self, model: &Model) -> Option<String> {
+        let limit = self.0.stall_timeout?;
+        let running = model.batcher()?.longest_running().filter(|t| *t > limit)?;
+        Some(format!(
+            "model `{}`: a batch has run for {:.1} s (--stall-timeout {} s): its engine may be stalled",
+            model.name(),
+            running.as_secs_f64(),
+            limit.as_secs_f64()
+        ))
+    }
+
+    /// Logs each model that became stalled, once, and each that recovered. The server calls it every second.
+    pub fn watch_stalls(&self) {
+        let models = self.models();
+        let mut reported = self.0.stalled.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for model in models.iter() {
+            let key = format!("{}/{}", model.name(), model.version());
+            let known = reported.contains(&key);
+            match self.stall(model) {
+                Some(why) if !known => {
+                    tracing::error!(model = model.name(), version = model.version(), reason = %why, "model stalled: readiness fails until its batch ends");
+                    reported.push(key);
+                }
+                None if known => {
+                    tracing::info!(model = model.name(), version = model.version(), "model no longer stalled");
+                    reported.retain(|k| *k != key);
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// Why the server is not ready, or `None` when it is.
     pub fn readiness(&self) -> Option<String> {
         let assessment = self.assess(&self.0.gpu.snapshot());
@@ -267,7 +306,12 @@ impl AppState {
                 ModelState::Failed(e) => {
                     failed.get_or_insert_with(|| format!("model `{}` failed to load: {e}", model.name()));
                 }
-                ModelState::Ready(_) => ready += 1,
+                ModelState::Ready(_) => match self.stall(model) {
+                    Some(why) => {
+                        failed.get_or_insert(why);
+                    }
+                    None => ready += 1,
+                },
                 ModelState::Unloaded(_) => {}
             }
         }

@@ -49,7 +49,8 @@ pub struct ModelHealth<'a> {
     /// `tensors`, or `embed` for a text model.
     task: &'static str,
     ready: bool,
-    /// `loading`, `ready`, `failed`, or `unloaded` (by model control, which then says why in `error`).
+    /// `loading`, `ready`, `stalled` (a batch has run past `--stall-timeout`), `failed`, or `unloaded` (by model
+    /// control); `error` says why for the last three.
     state: &'static str,
     device: Option<&'a str>,
     precision: Option<&'static str>,
@@ -63,7 +64,7 @@ pub struct ModelHealth<'a> {
     requests: u64,
     batches: u64,
     rows: u64,
-    /// Why the model failed to load, or is unloaded.
+    /// Why the model is stalled, failed to load, or is unloaded.
     error: Option<&'a str>,
     /// Text models: the embedding's length.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -74,7 +75,7 @@ pub struct ModelHealth<'a> {
 }
 
 impl<'a> ModelHealth<'a> {
-    fn of(model: &'a Model) -> Self {
+    fn of(model: &'a Model, stall: Option<&'a str>) -> Self {
         let mut h = ModelHealth {
             name: model.name(),
             version: model.version(),
@@ -111,8 +112,9 @@ impl<'a> ModelHealth<'a> {
                     h.dimensions = Some(text.dimensions);
                     h.max_seq_len = Some(text.max_seq_len);
                 }
-                h.ready = true;
-                h.state = "ready";
+                h.ready = stall.is_none();
+                h.state = if stall.is_none() { "ready" } else { "stalled" };
+                h.error = stall;
                 h.device = Some(&b.metadata().device);
                 h.precision = Some(b.metadata().precision.as_str());
                 h.warmed = endpoint.warmed;
@@ -135,13 +137,14 @@ async fn health(State(state): State<AppState>) -> Response {
     let gpus = state.gpu().snapshot();
     let assessment = state.assess(&gpus);
     let models = state.models();
+    let stalls: Vec<Option<String>> = models.iter().map(|m| state.stall(m)).collect();
     let body = Health {
         status: assessment.status.as_str(),
         reason: assessment.reason,
         gpu_available: !gpus.is_empty(),
         gpu_name: gpus.first().map(|g| g.name.as_str()),
         gpus: &gpus,
-        models: models.iter().map(|m| ModelHealth::of(m)).collect(),
+        models: models.iter().zip(&stalls).map(|(m, stall)| ModelHealth::of(m, stall.as_deref())).collect(),
         version: env!("CARGO_PKG_VERSION"),
     };
     let code = if assessment.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
