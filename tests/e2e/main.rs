@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod batching;
+mod connections;
 mod edge;
 mod health;
 mod ops;

@@ -93,6 +93,22 @@ pub struct ServeConfig {
     #[arg(long, env = "INFERD_REQUIRE_GPU")]
     pub require_gpu: bool,
 
+    /// Connections served at once. Past it, up to 64 more are taken that answer only the probes (and 503 with
+    /// Retry-After to anything else); past those, a connection is closed as soon as it is accepted.
+    #[arg(long, env = "INFERD_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+
+    /// Seconds a connection has to send a complete request head: from its opening, or from the first byte of a
+    /// later request on it. A client that stops part-way is closed.
+    #[arg(long, env = "INFERD_HEADER_READ_TIMEOUT", default_value_t = 10.0, value_name = "SECONDS")]
+    pub header_read_timeout: f64,
+
+    /// Seconds a kept-alive connection may sit idle between requests. Keep it longer than the idle timeout of a
+    /// proxy in front (nginx's upstream keepalive_timeout is 60 s), so that it never reuses a connection the
+    /// server is closing.
+    #[arg(long, env = "INFERD_IDLE_TIMEOUT", default_value_t = 75.0, value_name = "SECONDS")]
+    pub idle_timeout: f64,
+
     /// Seconds a batch may run before its model is reported stalled: /health then says `degraded` and names it,
     /// the log says so once, and readiness fails until the batch ends. 0 turns the watch off.
     #[arg(long, env = "INFERD_STALL_TIMEOUT", default_value_t = 60.0, value_name = "SECONDS")]
@@ -260,6 +276,30 @@ impl ServeConfig {
     /// How long a batch may run before its model counts as stalled; `None` when the watch is off.
     pub fn stall_timeout(&self) -> Option<Duration> {
         Some(seconds(self.stall_timeout, Duration::ZERO)).filter(|t| !t.is_zero())
+    }
+
+    /// The listener's settings, `max_connections` capped to what `open_files` (the process's limit) leaves room
+    /// for besides the overflow connections and the files the models and libraries hold.
+    pub fn connections(&self, open_files: Option<u64>) -> crate::connections::ConnectionSettings {
+        const RESERVED: u64 = 256;
+        let room = open_files.map_or(usize::MAX, |n| {
+            usize::try_from(n.saturating_sub(RESERVED + crate::connections::OVERFLOW_CONNECTIONS as u64))
+                .unwrap_or(usize::MAX)
+        });
+        let max_connections = self.max_connections.min(room).max(1);
+        if max_connections < self.max_connections {
+            tracing::warn!(
+                asked = self.max_connections,
+                open_files,
+                max_connections,
+                "--max-connections is more than the open-files limit leaves room for: lowered"
+            );
+        }
+        crate::connections::ConnectionSettings {
+            max_connections,
+            header_read_timeout: seconds(self.header_read_timeout, Duration::from_secs(10)),
+            idle_timeout: seconds(self.idle_timeout, Duration::from_secs(75)),
+        }
     }
 
     pub fn drain_timeout(&self) -> Duration {

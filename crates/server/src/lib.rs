@@ -8,6 +8,7 @@
 pub mod app;
 pub mod codec;
 pub mod config;
+pub mod connections;
 pub mod drain;
 pub mod error;
 pub mod gpu;
@@ -20,7 +21,7 @@ pub mod routes;
 pub mod state;
 pub mod text;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,6 +77,8 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         let config = self.config;
+        let open_files = connections::raise_open_files_limit();
+        let connection_settings = config.connections(open_files);
         let repository_dir = config.repository();
         let repository =
             Repository::open(&repository_dir, config.default_model.as_deref(), config.default_embed_model.as_deref())?;
@@ -89,7 +92,14 @@ impl Server {
         load_in_background(&state);
 
         let addr = listener.local_addr()?;
-        tracing::info!(%addr, repository = %repository_dir.display(), models = count, "listening");
+        tracing::info!(
+            %addr,
+            repository = %repository_dir.display(),
+            models = count,
+            max_connections = connection_settings.max_connections,
+            open_files,
+            "listening"
+        );
         let drain = state.drain().clone();
         let flush = {
             let state = state.clone();
@@ -97,7 +107,7 @@ impl Server {
         };
         let closing = drain.clone().until_closing(shutdown, flush);
         let server =
-            tokio::spawn(axum::serve(listener, app(state.clone())).with_graceful_shutdown(closing).into_future());
+            tokio::spawn(connections::serve(listener, app(state.clone()), connection_settings, drain.clone(), closing));
         let served = drain.finish(server).await;
         drop(background);
         // Model control may have loaded models since start-up: stop the ones there are now.

@@ -348,3 +348,38 @@ async fn a_gzip_body_over_the_row_limit_stops_decoding_early() {
     let bound = 2 * inflated as u64 + 16 * 1024 * 1024;
     assert!(grown < bound, "peak RSS grew by {grown} bytes for a {inflated}-byte body");
 }
+
+/// Starts the binary through `sh` with its open-files limits set by `ulimit`, and returns the `listening` line
+/// and the limits its process then has.
+fn limits_after_start(ulimit: &str) -> (String, String) {
+    let repo = repo(&["digits-candle"], |t| t);
+    let mut child = Command::new("sh")
+        .args(["-c", &format!("ulimit {ulimit} && exec \"$0\" \"$@\""), env!("CARGO_BIN_EXE_inferd")])
+        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--models"])
+        .arg(repo.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sh starts");
+    let stderr = child.stderr.take().expect("piped");
+    let line =
+        BufReader::new(stderr).lines().map_while(Result::ok).find(|l| l.contains("listening")).expect("it listens");
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).expect("its limits");
+    let _ = child.kill();
+    let _ = child.wait();
+    let open_files = limits.lines().find(|l| l.starts_with("Max open files")).expect("a limit").to_owned();
+    (line, open_files)
+}
+
+#[test]
+fn the_open_files_limit_is_raised_and_max_connections_fits_in_it() {
+    // A low soft limit under a higher hard one: raised to the hard one.
+    let (_, open_files) = limits_after_start("-Sn 200");
+    let fields: Vec<&str> = open_files.split_whitespace().collect();
+    assert_eq!(fields[3], fields[4], "soft raised to hard: {open_files}");
+    assert_ne!(fields[3], "200", "{open_files}");
+    // A low hard limit: --max-connections (1024 by default) shrinks to what it leaves room for.
+    let (line, open_files) = limits_after_start("-n 600");
+    assert!(open_files.contains(" 600 "), "{open_files}");
+    assert!(line.contains("max_connections=280") && line.contains("open_files=600"), "600 - 256 - 64: {line}");
+}

@@ -1,0 +1,354 @@
+//! The listener: accepts connections up to `--max-connections`, serves HTTP/1.1 on each with hyper, times out
+//! the ones that send a request head too slowly or sit idle too long, and takes part in the drain.
+//!
+//! Past `--max-connections`, up to [`OVERFLOW_CONNECTIONS`] more are still accepted, but answer only the probes
+//! (`/health*`, `/v2/health/*`); anything else there gets a quick 503 with `Retry-After`, so that an orchestrator
+//! still sees the server alive while it sheds load. Past those, a connection is closed as soon as it is accepted.
+//!
+//! From the start of a drain every response says `Connection: close`, so clients open a new connection for
+//! their next request instead of sending it on one the server is about to close. When the drain stops taking
+//! connections, those already waiting in the kernel's backlog are still accepted (closing the listener would
+//! reset them), and the idle connections left are closed only once no request has run or started for
+//! [`QUIET`]: a client that has just had an answer has sent its next request by then.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{header, HeaderValue, Request, Response, StatusCode};
+use axum::response::IntoResponse;
+use axum::{Json, Router};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tower::ServiceExt;
+
+use crate::drain::Drain;
+use crate::error::ErrorBody;
+
+/// Connections past `--max-connections` that still answer the probes.
+pub const OVERFLOW_CONNECTIONS: usize = 64;
+/// How long an overflow connection has to send its request head.
+const OVERFLOW_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the server must have been quiet before a drain closes the idle connections left.
+pub const QUIET: Duration = Duration::from_millis(250);
+/// How often each connection's timeouts are looked at: they fire within this much of their time.
+const TICK: Duration = Duration::from_millis(200);
+
+/// The connection settings (`--max-connections`, `--header-read-timeout`, `--idle-timeout`).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionSettings {
+    pub max_connections: usize,
+    /// From a connection's acceptance, or the first byte of a later request, to the end of that request's head.
+    pub header_read_timeout: Duration,
+    /// Between the end of one answer and the first byte of the next request on a kept-alive connection.
+    pub idle_timeout: Duration,
+}
+
+/// Requests being served across every connection, and when the last one started: what the drain waits on.
+#[derive(Default)]
+struct Activity {
+    in_flight: AtomicUsize,
+    /// Milliseconds since `epoch` when the last request started.
+    last_start_ms: AtomicU64,
+}
+
+/// What one connection is doing, for its timeouts: its IO notes the first byte of a request head, its service the
+/// start and end of each request.
+struct Clock {
+    epoch: Instant,
+    phase: AtomicU8,
+    /// Milliseconds since `epoch` when the phase began.
+    since_ms: AtomicU64,
+}
+
+const WAITING: u8 = 0;
+const READING_HEAD: u8 = 1;
+const BUSY: u8 = 2;
+
+impl Clock {
+    fn new() -> Clock {
+        // A new connection is waiting for its first request head, which the header timeout bounds.
+        Clock { epoch: Instant::now(), phase: AtomicU8::new(READING_HEAD), since_ms: AtomicU64::new(0) }
+    }
+
+    fn set(&self, phase: u8) {
+        self.since_ms.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.phase.store(phase, Ordering::Relaxed);
+    }
+
+    /// Bytes arrived: between requests, they begin a request head.
+    fn read(&self) {
+        if self.phase.load(Ordering::Relaxed) == WAITING {
+            self.set(READING_HEAD);
+        }
+    }
+
+    /// Bytes left: an answer still being written to a slow reader is not idle.
+    fn wrote(&self) {
+        if self.phase.load(Ordering::Relaxed) == WAITING {
+            self.set(WAITING);
+        }
+    }
+
+    /// Whether the connection has outlived its phase's timeout.
+    fn expired(&self, header_read_timeout: Duration, idle_timeout: Duration) -> Option<&'static str> {
+        let elapsed = self.epoch.elapsed().saturating_sub(Duration::from_millis(self.since_ms.load(Ordering::Relaxed)));
+        match self.phase.load(Ordering::Relaxed) {
+            READING_HEAD if elapsed > header_read_timeout => Some("the request head was not read in time"),
+            WAITING if elapsed > idle_timeout => Some("idle"),
+            _ => None,
+        }
+    }
+}
+
+/// A connection's socket, which tells its clock when bytes arrive.
+struct Watched {
+    stream: TcpStream,
+    clock: Arc<Clock>,
+}
+
+impl tokio::io::AsyncRead for Watched {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.stream).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.clock.read();
+        }
+        polled
+    }
+}
+
+impl tokio::io::AsyncWrite for Watched {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.stream).poll_write(cx, buf);
+        if matches!(polled, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            self.clock.wrote();
+        }
+        polled
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        if matches!(polled, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            self.clock.wrote();
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+/// Whether `path` is a probe, which an overflow connection still answers.
+fn is_probe(path: &str) -> bool {
+    matches!(path, "/health" | "/health/live" | "/health/ready" | "/v2/health/live" | "/v2/health/ready")
+}
+
+/// Serves `app` on `listener` until `closing` resolves; then takes what waits in the backlog, takes no more
+/// connections, waits for the server to go quiet, and closes the idle connections left; returns once every
+/// connection has closed. Runs until then: the drain bounds it from outside.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    settings: ConnectionSettings,
+    drain: Arc<Drain>,
+    closing: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let server = Server {
+        app,
+        settings,
+        drain,
+        slots: Arc::new(Semaphore::new(settings.max_connections)),
+        overflow: Arc::new(Semaphore::new(OVERFLOW_CONNECTIONS)),
+        activity: Arc::new(Activity::default()),
+        epoch: Instant::now(),
+        close_idle: watch::Sender::new(false),
+        open: Arc::new(AtomicUsize::new(0)),
+    };
+    let mut closing = pin!(closing);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => server.take(stream),
+                // Out of file descriptors, say: the connections already open keep being served.
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            () = &mut closing => break,
+        }
+    }
+    // The connections the kernel completed but nobody accepted yet would be reset by closing the listener.
+    while let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await {
+        server.take(stream);
+    }
+    drop(listener);
+    server.wait_quiet().await;
+    server.close_idle.send_replace(true);
+    while server.open.load(Ordering::SeqCst) > 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+struct Server {
+    app: Router,
+    settings: ConnectionSettings,
+    drain: Arc<Drain>,
+    /// One permit per connection served in full.
+    slots: Arc<Semaphore>,
+    /// One permit per connection that answers only the probes.
+    overflow: Arc<Semaphore>,
+    activity: Arc<Activity>,
+    epoch: Instant,
+    /// Set when the drain closes what is idle.
+    close_idle: watch::Sender<bool>,
+    /// Connection tasks still running.
+    open: Arc<AtomicUsize>,
+}
+
+impl Server {
+    /// Serves an accepted connection in full, or the probes only, or closes it: whatever the limits allow.
+    fn take(&self, stream: TcpStream) {
+        let _ = stream.set_nodelay(true);
+        let (permit, full) = match self.slots.clone().try_acquire_owned() {
+            Ok(permit) => (permit, true),
+            Err(_) => match self.overflow.clone().try_acquire_owned() {
+                Ok(permit) => (permit, false),
+                Err(_) => return drop(stream),
+            },
+        };
+        let clock = Arc::new(Clock::new());
+        let service = {
+            let (app, drain, activity, clock, epoch) =
+                (self.app.clone(), self.drain.clone(), self.activity.clone(), clock.clone(), self.epoch);
+            let max = self.settings.max_connections;
+            hyper::service::service_fn(move |request: Request<Incoming>| {
+                let (app, drain, activity, clock) = (app.clone(), drain.clone(), activity.clone(), clock.clone());
+                async move {
+                    clock.set(BUSY);
+                    activity.in_flight.fetch_add(1, Ordering::SeqCst);
+                    activity.last_start_ms.store(epoch.elapsed().as_millis() as u64, Ordering::SeqCst);
+                    let mut response = if full || is_probe(request.uri().path()) {
+                        app.oneshot(request.map(Body::new)).await.unwrap_or_else(|e| match e {})
+                    } else {
+                        over_capacity(max)
+                    };
+                    if !full || drain.is_draining() {
+                        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+                    }
+                    activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    clock.set(WAITING);
+                    Ok::<_, Infallible>(response)
+                }
+            })
+        };
+        let header_read_timeout = if full { self.settings.header_read_timeout } else { OVERFLOW_HEADER_TIMEOUT };
+        let idle_timeout = self.settings.idle_timeout;
+        let mut close_idle = self.close_idle.subscribe();
+        let open = self.open.clone();
+        open.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            let _permit = permit;
+            let io = TokioIo::new(Watched { stream, clock: clock.clone() });
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder.keep_alive(full);
+            let mut connection = pin!(builder.serve_connection(io, service));
+            let mut ticks = tokio::time::interval(TICK);
+            let mut shutting = false;
+            loop {
+                tokio::select! {
+                    _ = connection.as_mut() => break,
+                    _ = ticks.tick() => {
+                        // Nothing of a request is lost: none had begun, or its head never arrived.
+                        if let Some(why) = clock.expired(header_read_timeout, idle_timeout) {
+                            tracing::debug!(reason = why, "closing a connection");
+                            break;
+                        }
+                    }
+                    changed = close_idle.changed(), if !shutting => {
+                        if changed.is_err() || *close_idle.borrow() {
+                            // Closes it now if idle; after its answer if busy.
+                            connection.as_mut().graceful_shutdown();
+                            shutting = true;
+                        }
+                    }
+                }
+            }
+            open.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+
+    /// Waits until no request is in flight and none has started for [`QUIET`].
+    async fn wait_quiet(&self) {
+        loop {
+            let since_start = self
+                .epoch
+                .elapsed()
+                .saturating_sub(Duration::from_millis(self.activity.last_start_ms.load(Ordering::SeqCst)));
+            if self.activity.in_flight.load(Ordering::SeqCst) == 0 && since_start >= QUIET {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// The answer of an overflow connection to anything but a probe. Not logged: under a flood there would be one
+/// line per shed request.
+fn over_capacity(max: usize) -> Response<Body> {
+    let body = ErrorBody { error: format!("the server has --max-connections ({max}) open: retry shortly") };
+    (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, HeaderValue::from_static("1"))], Json(body))
+        .into_response()
+}
+
+/// Raises this process's soft limit on open files to its hard limit, so that `--max-connections` and the
+/// overflow fit; returns the limit in force (`None`: unlimited).
+pub fn raise_open_files_limit() -> Option<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current == limit.maximum {
+        return limit.current;
+    }
+    match setrlimit(Resource::Nofile, Rlimit { current: limit.maximum, maximum: limit.maximum }) {
+        Ok(()) => limit.maximum,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the open-files limit");
+            limit.current
+        }
+    }
+}
