@@ -214,3 +214,23 @@ async fn a_drain_with_delay_loses_no_request_of_64_keep_alive_clients() {
     assert!(closes >= 64, "during the delay every answer says Connection: close: {closes}");
     assert_eq!(lost, 0, "{answered} answered, {closes} with Connection: close");
 }
+
+#[tokio::test]
+async fn a_body_past_the_in_flight_budget_is_refused_before_it_is_sent() {
+    let repo = Repo::new().bundled("digits-candle");
+    let args = ["--max-inflight-bytes", "1048576", "--max-body-bytes", "268435456"];
+    let server = TestServer::ready(repo.path(), &args, None).await;
+    let mut stream = TcpStream::connect(address(&server)).await.expect("connects");
+    // 100 MiB announced, none sent: the client waits for 100 Continue, which never comes.
+    let head = "POST /models/digits-candle/predict HTTP/1.1\r\nHost: inferd\r\nContent-Length: 104857600\r\n\
+                Expect: 100-continue\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.expect("writes");
+    let started = Instant::now();
+    let (status, headers, body) = read_response(&mut stream).await.expect("an answer");
+    assert_eq!((status, header(&headers, "retry-after")), (503, Some("1")), "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("--max-inflight-bytes"));
+    assert!(started.elapsed() < Duration::from_secs(1), "at once: {:?}", started.elapsed());
+    // A body within the budget is served.
+    let r = server.post("/models/digits-candle/predict", inferd_tests::row_body(1.0)).await;
+    assert_eq!(r.status(), 200);
+}

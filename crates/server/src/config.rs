@@ -93,6 +93,12 @@ pub struct ServeConfig {
     #[arg(long, env = "INFERD_REQUIRE_GPU")]
     pub require_gpu: bool,
 
+    /// Bytes that inference requests may hold at once across every connection and model: their bodies, after
+    /// decompression, and their decoded tensors. A request that would go past it is refused at once (503, with
+    /// Retry-After), before the rest of its body is read.
+    #[arg(long, env = "INFERD_MAX_INFLIGHT_BYTES", default_value_t = 512 * 1024 * 1024)]
+    pub max_inflight_bytes: usize,
+
     /// Connections served at once. Past it, up to 64 more are taken that answer only the probes (and 503 with
     /// Retry-After to anything else); past those, a connection is closed as soon as it is accepted.
     #[arg(long, env = "INFERD_MAX_CONNECTIONS", default_value_t = 1024)]

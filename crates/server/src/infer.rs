@@ -109,6 +109,8 @@ pub async fn infer<F: WireFormat>(
     })
     .await?;
     let ((mut request, text), pending) = decoded.map_err(|e| e.context(format_args!("model `{}`", endpoint.name())))?;
+    // The decoded tensors count against the in-flight budget with the body they came from.
+    crate::budget::hold_more(request_bytes(&request.inputs))?;
     let allow_non_finite = state.allow_non_finite();
     if !allow_non_finite {
         if let Inputs::Rows(inputs) = &request.inputs {
@@ -140,6 +142,17 @@ pub async fn infer<F: WireFormat>(
         queue_time: answer.queue_time,
         compute_time: answer.compute_time,
     })
+}
+
+/// The bytes a request's decoded tensors hold.
+fn request_bytes(inputs: &Inputs) -> usize {
+    let tensor = |t: &Tensor| {
+        t.raw_bytes().map_or_else(|| t.byte_strings().unwrap_or_default().iter().map(Vec::len).sum(), <[u8]>::len)
+    };
+    match inputs {
+        Inputs::Rows(tensors) => tensors.iter().map(tensor).sum(),
+        Inputs::Sequences(sequences) => sequences.iter().flatten().map(tensor).sum(),
+    }
 }
 
 /// The non-finite policy (`--allow-non-finite` off): the first NaN or infinity in `tensors` is an error of `kind`

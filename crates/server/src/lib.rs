@@ -6,6 +6,7 @@
 //! reads the shared [`state`] and the wire formats of [`codec`], and queues with the batcher.
 
 pub mod app;
+pub mod budget;
 pub mod codec;
 pub mod config;
 pub mod connections;

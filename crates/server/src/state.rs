@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use inferd_core::Task;
 
+use crate::budget::Budget;
 use crate::codec::Limits;
 use crate::config::{ModelControl, Secret, ServeConfig};
 use crate::drain::Drain;
@@ -40,6 +41,8 @@ struct ServerState {
     /// The models reported stalled, so that the log says it once per stall. Only the watch writes it.
     stalled: std::sync::Mutex<Vec<String>>,
     max_body_bytes: usize,
+    /// What inference requests hold at once (`--max-inflight-bytes`).
+    budget: Budget,
     limits: Limits,
     /// Longest a request may take in all.
     request_timeout: Duration,
@@ -105,6 +108,7 @@ impl AppState {
             stall_timeout: config.stall_timeout(),
             stalled: std::sync::Mutex::new(Vec::new()),
             max_body_bytes: config.max_body_bytes,
+            budget: Budget::new(config.max_inflight_bytes),
             limits: Limits {
                 max_elements: config.max_elements,
                 max_rows: config.max_rows,
@@ -166,6 +170,10 @@ impl AppState {
 
     pub fn allow_non_finite(&self) -> bool {
         self.0.allow_non_finite
+    }
+
+    pub fn budget(&self) -> &Budget {
+        &self.0.budget
     }
 
     pub fn max_body_bytes(&self) -> usize {

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use axum::body::Body;
 use axum::extract::{FromRequestParts, RawPathParams, Request, State};
 use axum::http::header;
 use axum::middleware::Next;
@@ -71,8 +72,20 @@ pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: 
         Some(Err(refused)) => refused.into_response(),
         _ => {
             let timeout = state.request_timeout();
+            let served = async {
+                if checkpoint.inference.is_none() {
+                    return next.run(request).await;
+                }
+                // An inference request's body and tensors count against the in-flight budget until it is answered.
+                let hold = state.budget().hold();
+                let (parts, body) = request.into_parts();
+                match hold.collect(&parts.headers, body, state.max_body_bytes()).await {
+                    Ok(bytes) => hold.scope(next.run(Request::from_parts(parts, Body::from(bytes)))).await,
+                    Err(refused) => refused.into_response(),
+                }
+            };
             tokio::select! {
-                response = next.run(request) => response,
+                response = served => response,
                 () = tokio::time::sleep(timeout) => AppError::unavailable(format!(
                     "the request took longer than {} s (--request-timeout)", timeout.as_secs_f64()
                 )).into_response(),
