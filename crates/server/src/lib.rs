@@ -7,7 +7,6 @@
 
 pub mod app;
 pub mod budget;
-pub mod codec;
 pub mod config;
 pub mod connections;
 pub mod drain;
@@ -36,6 +35,8 @@ pub use config::{Cli, Command, HealthcheckConfig, LogFormat, Secret, ServeConfig
 pub use gpu::{FakeGpuProbe, GpuInfo, GpuProbe, NoGpu, NvmlProbe};
 pub use healthcheck::healthcheck;
 pub use infer::{BATCH_SIZE_HEADER, COMPUTE_TIME_HEADER, QUEUE_TIME_HEADER};
+/// The wire formats, from their own crate (so that fuzzing them builds none of the server).
+pub use inferd_codec as codec;
 pub use repository::EngineBuilder;
 pub use routes::predict::TIMEOUT_HEADER;
 pub use state::AppState;

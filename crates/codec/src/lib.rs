@@ -1,4 +1,4 @@
-//! Wire formats: request bodies decoded straight into typed tensors, with the server's limits enforced as the
+//! inferd-codec, the wire formats: request bodies decoded straight into typed tensors, with the server's limits enforced as the
 //! bytes stream by, and tensors encoded back. Knows nothing of HTTP, routes or the batcher: a decoder gets bytes
 //! and a model's metadata, and gives tensors or a [`CodecError`].
 
