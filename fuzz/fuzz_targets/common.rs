@@ -1,0 +1,47 @@
+//! What every decoder target decodes against: two models' inputs, and small limits, so that a run explores the
+//! decoders rather than allocating.
+
+use inferd_codec::Limits;
+use inferd_core::{DataType, ModelMetadata, Precision, TensorSpec};
+
+pub const LIMITS: Limits = Limits { max_elements: 4096, max_rows: 64, max_json_depth: 16 };
+
+fn spec(name: &str, datatype: DataType, shape: &[i64]) -> TensorSpec {
+    TensorSpec { name: name.into(), datatype, shape: shape.to_vec() }
+}
+
+/// A tensor model of one FP32 input, and one of BYTES, INT64, FP16 and BOOL inputs with variable dimensions.
+pub fn models() -> [ModelMetadata; 2] {
+    let meta = |inputs, outputs| ModelMetadata {
+        inputs,
+        outputs,
+        device: "cpu".into(),
+        precision: Precision::Fp32,
+        platform: "fuzz",
+        text: None,
+    };
+    [
+        meta(vec![spec("input", DataType::Fp32, &[-1, 4])], vec![spec("output", DataType::Fp32, &[-1, 2])]),
+        meta(
+            vec![
+                spec("text", DataType::Bytes, &[-1]),
+                spec("ids", DataType::Int64, &[-1, -1]),
+                spec("half", DataType::Fp16, &[-1, 3]),
+                spec("flag", DataType::Bool, &[-1, 1]),
+            ],
+            vec![spec("y", DataType::Fp32, &[-1, 2])],
+        ),
+    ]
+}
+
+/// What a successful decode must hold: tensors that fit their inputs, within the limits.
+pub fn check(tensors: &[inferd_core::Tensor], meta: &ModelMetadata) {
+    let mut elements = 0;
+    for t in tensors {
+        let spec = meta.inputs.iter().find(|s| s.datatype == t.dtype() && s.accepts(t.shape()));
+        assert!(spec.is_some(), "a decoded tensor fits no input: {:?} {:?}", t.dtype(), t.shape());
+        assert!(t.rows() <= LIMITS.max_rows, "{} rows", t.rows());
+        elements += t.element_count();
+    }
+    assert!(elements <= LIMITS.max_elements, "{elements} elements");
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# scripts/fuzz.sh [SECONDS] [TARGET…]: runs each cargo fuzz target (fuzz/fuzz_targets: the v2 binary and JSON
+# decoders, the /predict decoder, model.toml) for SECONDS (default 300), one after the other, from the seeds in
+# fuzz/seeds and the corpus grown by earlier runs (.cache/fuzz/corpus). Exits 1 on the first crash, leaving its
+# input in fuzz/artifacts/TARGET/ (add it to the target's regression test, then to fuzz/seeds). The test command
+# runs it for a few seconds a target; long runs are this script's, by hand.
+#
+# cargo-fuzz (pinned) is installed into .cache/tools the first time. No sanitizer (`-s none`) needs no nightly
+# toolchain: the code is safe Rust, and libFuzzer's coverage instrumentation is all that is used.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-300}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(v2_binary v2_json predict model_toml)
+tools=$PWD/.cache/tools
+if [ ! -x "$tools/bin/cargo-fuzz" ]; then
+    echo "fuzz: installing cargo-fuzz 0.13.1 into $tools" >&2
+    cargo install --quiet --locked --root "$tools" cargo-fuzz --version 0.13.1
+fi
+export PATH="$tools/bin:$PATH"
+cd fuzz
+cargo fuzz build -s none --release
+for target in "${targets[@]}"; do
+    corpus=../.cache/fuzz/corpus/$target
+    log=../.cache/fuzz/$target.log
+    mkdir -p "$corpus"
+    echo "fuzz: $target for ${seconds}s (log: .cache/fuzz/$target.log)" >&2
+    if ! cargo fuzz run -s none --release "$target" "$corpus" "seeds/$target" -- \
+        -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 >"$log" 2>&1; then
+        grep -E "panicked|SUMMARY|Test unit written|ERROR" "$log" >&2 || tail -n 20 "$log" >&2
+        echo "fuzz: $target crashed; its input is in fuzz/artifacts/$target" >&2
+        exit 1
+    fi
+    grep -E "^(Done|stat::new_units_added)" "$log" >&2
+done
