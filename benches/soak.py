@@ -257,6 +257,7 @@ def main():
         print(f"  FAILED {failure}")
     ok = not tally.failures and after <= before + args.rss_slack_mib
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump({"seconds": elapsed, "counts": tally.counts, "failures": tally.failures,
                        "rss_mib": {"before": before, "peak": peak, "after": after}, "ok": ok}, f, indent=1)
