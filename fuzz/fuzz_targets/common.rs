@@ -10,8 +10,9 @@ fn spec(name: &str, datatype: DataType, shape: &[i64]) -> TensorSpec {
     TensorSpec { name: name.into(), datatype, shape: shape.to_vec() }
 }
 
-/// A tensor model of one FP32 input, and one of BYTES, INT64, FP16 and BOOL inputs with variable dimensions.
-pub fn models() -> [ModelMetadata; 2] {
+/// A tensor model of one FP32 input; one of BYTES, INT64, FP16 and BOOL inputs with variable dimensions; and one
+/// without a batch dimension (`max_batch_size = 0`), whose inputs are a fixed shape and a scalar.
+pub fn models() -> [ModelMetadata; 3] {
     let meta = |inputs, outputs| ModelMetadata {
         inputs,
         outputs,
@@ -30,6 +31,10 @@ pub fn models() -> [ModelMetadata; 2] {
                 spec("flag", DataType::Bool, &[-1, 1]),
             ],
             vec![spec("y", DataType::Fp32, &[-1, 2])],
+        ),
+        meta(
+            vec![spec("image", DataType::Fp32, &[2, 3]), spec("threshold", DataType::Fp32, &[])],
+            vec![spec("score", DataType::Fp32, &[])],
         ),
     ]
 }

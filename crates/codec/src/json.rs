@@ -56,6 +56,13 @@ impl<'de> DeserializeSeed<'de> for TensorSeed<'_, '_> {
 
     fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Tensor, D::Error> {
         let spec = self.spec;
+        if spec.shape.is_empty() {
+            // A scalar input (a model without a batch dimension may take one): one element, no array.
+            let mut elements = Elements::new(spec, 1);
+            ElementSeed { elements: &mut elements, nested: false }.deserialize(deserializer)?;
+            self.budget.used += elements.count;
+            return elements.into_tensor(Vec::new()).map_err(de::Error::custom);
+        }
         let allowed = self.budget.limits.max_elements.saturating_sub(self.budget.used);
         let mut tensor = NestedTensor {
             spec,

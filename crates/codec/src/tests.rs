@@ -52,6 +52,19 @@ fn fp16_and_bf16_inputs_take_json_numbers() {
     assert_eq!(t[0].to_vec::<bf16>().expect("bf16")[0].to_f32(), 0.5);
 }
 
+#[test]
+fn a_scalar_input_is_one_element_without_an_array() {
+    // A model without a batch dimension may take a scalar (shape []), such as a threshold beside an image.
+    let specs = vec![spec("image", DataType::Fp32, &[2]), spec("threshold", DataType::Fp32, &[])];
+    let t = decode(br#"{"inputs": {"image": [1, 2], "threshold": 0.25}}"#, &specs).expect("valid");
+    assert_eq!(t[1].shape(), &[] as &[usize]);
+    assert_eq!(t[1].to_vec::<f32>().expect("fp32"), vec![0.25]);
+    let err = error(r#"{"inputs": {"image": [1, 2], "threshold": [0.5]}}"#, &specs);
+    assert!(err.contains("threshold"), "{err}");
+    let answer = serde_json::to_string(&NestedJson(&t[1])).expect("serializes");
+    assert_eq!(answer, "0.25");
+}
+
 fn error(body: &str, specs: &[TensorSpec]) -> String {
     decode(body.as_bytes(), specs).expect_err("refused").to_string()
 }
