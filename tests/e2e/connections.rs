@@ -220,17 +220,61 @@ async fn a_body_past_the_in_flight_budget_is_refused_before_it_is_sent() {
     let repo = Repo::new().bundled("digits-candle");
     let args = ["--max-inflight-bytes", "1048576", "--max-body-bytes", "268435456"];
     let server = TestServer::ready(repo.path(), &args, None).await;
+    let head = |length: usize, expect: bool| {
+        let expect = if expect { "Expect: 100-continue\r\n" } else { "" };
+        format!(
+            "POST /models/digits-candle/predict HTTP/1.1\r\nHost: inferd\r\nContent-Length: {length}\r\n{expect}\r\n"
+        )
+    };
+    // A slow client: 700 KB announced, none sent yet. Its declared length is held while it sends.
+    let mut slow = TcpStream::connect(address(&server)).await.expect("connects");
+    slow.write_all(head(700_000, false).as_bytes()).await.expect("writes");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // 600 KB more do not fit now: refused at once, and a client that waits for 100 Continue never sends its body.
     let mut stream = TcpStream::connect(address(&server)).await.expect("connects");
-    // 100 MiB announced, none sent: the client waits for 100 Continue, which never comes.
-    let head = "POST /models/digits-candle/predict HTTP/1.1\r\nHost: inferd\r\nContent-Length: 104857600\r\n\
-                Expect: 100-continue\r\n\r\n";
-    stream.write_all(head.as_bytes()).await.expect("writes");
+    stream.write_all(head(600_000, true).as_bytes()).await.expect("writes");
     let started = Instant::now();
     let (status, headers, body) = read_response(&mut stream).await.expect("an answer");
     assert_eq!((status, header(&headers, "retry-after")), (503, Some("1")), "{}", String::from_utf8_lossy(&body));
     assert!(String::from_utf8_lossy(&body).contains("--max-inflight-bytes"));
     assert!(started.elapsed() < Duration::from_secs(1), "at once: {:?}", started.elapsed());
+    // 100 MiB would never fit the whole budget: 413, not an invitation to retry.
+    let mut stream = TcpStream::connect(address(&server)).await.expect("connects");
+    stream.write_all(head(100 << 20, true).as_bytes()).await.expect("writes");
+    let (status, _, body) = read_response(&mut stream).await.expect("an answer");
+    assert_eq!(status, 413, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("whole in-flight budget"));
+    drop(slow);
     // A body within the budget is served.
     let r = server.post("/models/digits-candle/predict", inferd_tests::row_body(1.0)).await;
     assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn a_client_gone_part_way_through_its_body_leaves_nothing_in_flight_and_the_drain_does_not_wait_for_it() {
+    let repo = Repo::new().bundled("digits-candle");
+    let mut server = TestServer::ready(repo.path(), &["--drain-timeout", "30"], None).await;
+    let labels = [("model", "digits-candle"), ("protocol", "predict")];
+    for _ in 0..4 {
+        let mut stream = TcpStream::connect(address(&server)).await.expect("connects");
+        let head = "POST /models/digits-candle/predict HTTP/1.1\r\nHost: inferd\r\nContent-Type: application/json\r\n\
+                    Content-Length: 100000\r\n\r\n{\"input\": [[";
+        stream.write_all(head.as_bytes()).await.expect("writes");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(stream);
+    }
+    let mut gauge = f64::NAN;
+    for _ in 0..50 {
+        gauge = server.metrics().await.value("inferd_requests_in_flight", &labels);
+        if gauge == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(gauge, 0.0, "the requests whose clients left are still counted in flight");
+    let started = Instant::now();
+    server.begin_shutdown();
+    server.shutdown().await.expect("the server stops cleanly");
+    // Nothing is in flight, so the drain ends once quiet, not at its 30 s timeout.
+    assert!(started.elapsed() < Duration::from_secs(10), "the drain took {:?}", started.elapsed());
 }

@@ -685,6 +685,14 @@ impl Shared {
                     %error,
                     "batch failed: running its halves apart, to fail only the requests that cause it"
                 );
+                // Requests whose client has gone are not run again.
+                batch.retain(|p| !p.abandoned());
+                if batch.len() < 2 {
+                    if !batch.is_empty() {
+                        self.run_isolating(engine, batch, started);
+                    }
+                    return;
+                }
                 let second = batch.split_off(batch.len() / 2);
                 self.run_isolating(engine, batch, started);
                 self.run_isolating(engine, second, started);

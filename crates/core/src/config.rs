@@ -601,7 +601,8 @@ fn version_folders(dir: &Path) -> std::io::Result<Vec<u64>> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name();
-        let version = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())).and_then(|n| n.parse().ok());
+        // Only a number's own spelling: `03` would name version 3, whose files are looked for in `3/`.
+        let version = name.to_str().and_then(|n| n.parse::<u64>().ok().filter(|v| v.to_string() == n));
         if let Some(v) = version.filter(|&v: &u64| v > 0) {
             if entry.path().is_dir() {
                 versions.push(v);
@@ -778,10 +779,11 @@ mod tests {
             write(extra);
             ModelConfig::load_versions(&model).expect("valid").iter().map(|c| c.version).collect()
         };
-        // `03` is 3; `0`, `x` and the file `7` are not versions.
+        // `0`, `x`, `03` (not how 3 is written: its files would be looked for in `3/`) and the file `7` are not
+        // versions.
         assert_eq!(versions(""), vec![10]);
-        assert_eq!(versions("version_policy = \"all\""), vec![1, 2, 3, 10]);
-        assert_eq!(versions("version_policy = { latest = 2 }"), vec![3, 10]);
+        assert_eq!(versions("version_policy = \"all\""), vec![1, 2, 10]);
+        assert_eq!(versions("version_policy = { latest = 2 }"), vec![2, 10]);
         assert_eq!(versions("version_policy = { specific = [2, 1, 99] }"), vec![1, 2]);
         let c = ModelConfig::load(&model).expect("valid");
         assert_eq!((c.name.as_str(), c.version), ("detector", 2));
@@ -789,7 +791,7 @@ mod tests {
         assert_eq!(c.config_file, model.join(MODEL_CONFIG_FILE));
         write("version_policy = { specific = [5] }");
         let err = ModelConfig::load_versions(&model).expect_err("nothing selected").to_string();
-        assert!(err.contains("none of the version folders [1, 2, 3, 10]"), "{err}");
+        assert!(err.contains("none of the version folders [1, 2, 10]"), "{err}");
         for bad in ["\"newest\"", "{ latest = 0 }", "{ specific = [] }", "3"] {
             write(&format!("version_policy = {bad}"));
             let err = ModelConfig::load_versions(&model).expect_err("refused").to_string();

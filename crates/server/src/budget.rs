@@ -28,6 +28,11 @@ pub struct Budget {
     total_bytes: usize,
 }
 
+/// The permits a budget of `total_bytes` has.
+fn units_of(total_bytes: usize) -> usize {
+    total_bytes.div_ceil(UNIT).min(Semaphore::MAX_PERMITS)
+}
+
 /// What one request holds of the budget, given back when it is dropped (once the request is answered).
 pub struct Hold {
     permits: Arc<Semaphore>,
@@ -42,8 +47,7 @@ tokio::task_local! {
 
 impl Budget {
     pub fn new(total_bytes: usize) -> Budget {
-        let units = total_bytes.div_ceil(UNIT).min(Semaphore::MAX_PERMITS);
-        Budget { permits: Arc::new(Semaphore::new(units)), total_bytes }
+        Budget { permits: Arc::new(Semaphore::new(units_of(total_bytes))), total_bytes }
     }
 
     /// A new request's (empty) hold.
@@ -53,8 +57,7 @@ impl Budget {
 
     /// Bytes held across the server now.
     pub fn held_bytes(&self) -> usize {
-        let units = self.total_bytes.div_ceil(UNIT).min(Semaphore::MAX_PERMITS);
-        (units - self.permits.available_permits()) * UNIT
+        (units_of(self.total_bytes) - self.permits.available_permits()) * UNIT
     }
 }
 
@@ -65,8 +68,20 @@ impl Hold {
             return Ok(());
         }
         let units = u32::try_from(bytes.div_ceil(UNIT)).unwrap_or(u32::MAX);
-        let permit = self.permits.clone().try_acquire_many_owned(units).map_err(|_| self.refusal())?;
         let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let already = held.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
+        if already.saturating_add(units as usize) > units_of(self.total_bytes) {
+            // Retrying would never help: this request alone is past the budget.
+            return Err(AppError::new(
+                ErrorKind::PayloadTooLarge,
+                format!(
+                    "the request and its decoded tensors hold more than the server's whole in-flight budget of {} MiB \
+                     (--max-inflight-bytes)",
+                    self.total_bytes >> 20
+                ),
+            ));
+        }
+        let permit = self.permits.clone().try_acquire_many_owned(units).map_err(|_| self.refusal())?;
         match held.as_mut() {
             Some(all) => all.merge(permit),
             None => *held = Some(permit),
@@ -178,6 +193,20 @@ mod tests {
         assert_eq!(budget.held_bytes(), 0);
     }
 
+    #[test]
+    fn a_request_past_the_whole_budget_is_too_large_not_told_to_retry() {
+        let budget = Budget::new(10 * UNIT);
+        let a = budget.hold();
+        a.take(6 * UNIT).expect("fits");
+        let refused = a.take(5 * UNIT).expect_err("11 units of 10");
+        assert_eq!(refused.status(), axum::http::StatusCode::PAYLOAD_TOO_LARGE, "{refused}");
+        let other = budget.hold();
+        let busy = other.take(5 * UNIT).expect_err("6 held, 5 more do not fit now");
+        assert_eq!(busy.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE, "{busy}");
+        drop(a);
+        other.take(5 * UNIT).expect("fits once a is answered");
+    }
+
     /// A body that never sends anything: reading it would hang.
     struct Never;
 
@@ -196,13 +225,19 @@ mod tests {
     #[tokio::test]
     async fn a_declared_length_over_the_budget_is_refused_before_the_body_is_read() {
         let budget = Budget::new(8 * UNIT);
+        let busy = budget.hold();
+        busy.take(6 * UNIT).expect("fits");
         let hold = budget.hold();
         let mut headers = HeaderMap::new();
-        headers.insert(header::CONTENT_LENGTH, (16 * UNIT).into());
+        headers.insert(header::CONTENT_LENGTH, (4 * UNIT).into());
         // A client that waits for 100 Continue before it sends its body: none of it is read.
         headers.insert(header::EXPECT, axum::http::HeaderValue::from_static("100-continue"));
         let err = hold.collect(&headers, Body::new(Never), 1 << 20).await.expect_err("refused at once");
         assert_eq!(err.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        // More than the whole budget: never servable, so not "retry".
+        headers.insert(header::CONTENT_LENGTH, (16 * UNIT).into());
+        let err = hold.collect(&headers, Body::new(Never), 1 << 20).await.expect_err("refused at once");
+        assert_eq!(err.status(), axum::http::StatusCode::PAYLOAD_TOO_LARGE);
         headers.insert(header::CONTENT_LENGTH, (2 << 20).into());
         let err = hold.collect(&headers, Body::new(Never), 1 << 20).await.expect_err("413");
         assert_eq!(err.status(), axum::http::StatusCode::PAYLOAD_TOO_LARGE);

@@ -172,6 +172,29 @@ impl tokio::io::AsyncWrite for Watched {
     }
 }
 
+/// A request being served, from its start until its answer is handed to hyper or it is dropped (its client gone,
+/// its connection closed): the drain's count of requests in flight must come down on every path.
+struct InFlight {
+    activity: Arc<Activity>,
+    clock: Arc<Clock>,
+}
+
+impl InFlight {
+    fn start(activity: Arc<Activity>, clock: Arc<Clock>, epoch: Instant) -> Self {
+        clock.set(BUSY);
+        activity.in_flight.fetch_add(1, Ordering::SeqCst);
+        activity.last_start_ms.store(epoch.elapsed().as_millis() as u64, Ordering::SeqCst);
+        InFlight { activity, clock }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.clock.set(WAITING);
+    }
+}
+
 /// Whether `path` is a probe, which an overflow connection still answers.
 fn is_probe(path: &str) -> bool {
     matches!(path, "/health" | "/health/live" | "/health/ready" | "/v2/health/live" | "/v2/health/ready")
@@ -252,6 +275,9 @@ impl Server {
                 Err(_) => return drop(stream),
             },
         };
+        // A new connection is activity too: one taken from the backlog as the drain begins may hold a request
+        // hyper has not read yet, and closing it as idle would lose it.
+        self.activity.last_start_ms.store(self.epoch.elapsed().as_millis() as u64, Ordering::SeqCst);
         let clock = Arc::new(Clock::new());
         let service = {
             let (app, drain, activity, clock, epoch) =
@@ -260,9 +286,7 @@ impl Server {
             hyper::service::service_fn(move |request: Request<Incoming>| {
                 let (app, drain, activity, clock) = (app.clone(), drain.clone(), activity.clone(), clock.clone());
                 async move {
-                    clock.set(BUSY);
-                    activity.in_flight.fetch_add(1, Ordering::SeqCst);
-                    activity.last_start_ms.store(epoch.elapsed().as_millis() as u64, Ordering::SeqCst);
+                    let _in_flight = InFlight::start(activity, clock, epoch);
                     let mut response = if full || is_probe(request.uri().path()) {
                         app.oneshot(request.map(Body::new)).await.unwrap_or_else(|e| match e {})
                     } else {
@@ -271,8 +295,6 @@ impl Server {
                     if !full || drain.is_draining() {
                         response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
                     }
-                    activity.in_flight.fetch_sub(1, Ordering::SeqCst);
-                    clock.set(WAITING);
                     Ok::<_, Infallible>(response)
                 }
             })

@@ -98,35 +98,35 @@ pub async fn infer<F: WireFormat>(
 ) -> Result<Served<F::Answer>, AppError> {
     let body = body.map_err(body_error)?;
     let limits = *state.limits();
+    let allow_non_finite = state.allow_non_finite();
     let decoder = endpoint.clone();
-    // Tokenizing is CPU work like decoding a large body: both leave the runtime's threads.
+    // Tokenizing is CPU work like decoding a large body: both leave the runtime's threads, and so does the scan
+    // for non-finite numbers that follows.
     let (format, decoded) = off_runtime_if(body.len() > INLINE_CODEC_BYTES || endpoint.text.is_some(), move || {
         let mut format = format;
-        let decoded = format
-            .decode(&body, &decoder, &limits)
-            .and_then(|(job, pending)| Ok((prepare(job, decoder.text.as_deref(), &limits)?, pending)));
+        let decoded = format.decode(&body, &decoder, &limits).and_then(|(job, pending)| {
+            let (request, text) = prepare(job, decoder.text.as_deref(), &limits)?;
+            if let (false, Inputs::Rows(inputs)) = (allow_non_finite, &request.inputs) {
+                refuse_non_finite(inputs, &decoder.batcher.metadata().inputs, "input", CodecError::Invalid)?;
+            }
+            Ok(((request, text), pending))
+        });
         (format, decoded)
     })
     .await?;
     let ((mut request, text), pending) = decoded.map_err(|e| e.context(format_args!("model `{}`", endpoint.name())))?;
     // The decoded tensors count against the in-flight budget with the body they came from.
     crate::budget::hold_more(request_bytes(&request.inputs))?;
-    let allow_non_finite = state.allow_non_finite();
-    if !allow_non_finite {
-        if let Inputs::Rows(inputs) = &request.inputs {
-            refuse_non_finite(inputs, &endpoint.batcher.metadata().inputs, "input", ErrorKind::BadRequest)?;
-        }
-    }
     // Decoding may have run on the blocking pool: the request's span is this task's.
     request.span = tracing::Span::current();
     let answer = endpoint.batcher.infer(request).await?;
-    if !allow_non_finite {
-        refuse_non_finite(&answer.outputs, &endpoint.batcher.metadata().outputs, "output", ErrorKind::Internal)?;
-    }
     let out_bytes: usize = answer.outputs.iter().map(|t| t.element_count() * 12).sum();
     let encoder = endpoint.clone();
     let mut outputs = Outputs { tensors: answer.outputs, tokens: 0 };
     let encoded = off_runtime_if(out_bytes > INLINE_CODEC_BYTES, move || {
+        if !allow_non_finite {
+            refuse_non_finite(&outputs.tensors, &encoder.batcher.metadata().outputs, "output", CodecError::Encode)?;
+        }
         if let Some(text) = text {
             outputs.tokens = text.tokens;
             if text.normalize {
@@ -157,18 +157,20 @@ fn request_bytes(inputs: &Inputs) -> usize {
 
 /// The non-finite policy (`--allow-non-finite` off): the first NaN or infinity in `tensors` is an error of `kind`
 /// that names the tensor and the element.
-fn refuse_non_finite(tensors: &[Tensor], specs: &[TensorSpec], what: &str, kind: ErrorKind) -> Result<(), AppError> {
+fn refuse_non_finite(
+    tensors: &[Tensor],
+    specs: &[TensorSpec],
+    what: &str,
+    error: fn(String) -> CodecError,
+) -> Result<(), CodecError> {
     for (t, spec) in tensors.iter().zip(specs) {
         if let Some((index, value)) = t.first_non_finite() {
             let value = if value.is_nan() { "NaN".to_owned() } else { format!("{value}") };
-            return Err(AppError::new(
-                kind,
-                format!(
-                    "{what} `{}` holds {value} at element {index}: this server takes and gives finite numbers only \
+            return Err(error(format!(
+                "{what} `{}` holds {value} at element {index}: this server takes and gives finite numbers only \
                      (--allow-non-finite)",
-                    crate::codec::quoted(&spec.name)
-                ),
-            ));
+                crate::codec::quoted(&spec.name)
+            )));
         }
     }
     Ok(())

@@ -140,7 +140,11 @@ fn engine_settings(config: &ServeConfig, repository: &Repository, builder: Optio
 /// shutdown begins no more models load.
 fn load_in_background(state: &AppState) {
     let state = state.clone();
+    // Model control waits for the start-up load, which would otherwise build engines for entries a load or an
+    // unload had already replaced.
+    let control = state.registry().try_control();
     tokio::task::spawn_blocking(move || {
+        let _control = control;
         repository::load_all(
             &state.models(),
             state.engine_settings(),

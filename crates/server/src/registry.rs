@@ -3,7 +3,7 @@
 //! a model's new versions in only once they are warm, so no request fails across it: requests that already
 //! hold the old version finish on it, and its threads stop when the last of them is answered.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use inferd_batcher::{BatchObserver, Batcher};
@@ -104,8 +104,9 @@ pub struct Registry {
     dir: PathBuf,
     /// Sorted by name, then version. Replaced whole, so a reader's snapshot never changes under it.
     models: RwLock<Arc<Vec<Arc<Model>>>>,
-    /// Held by model control: one load or unload at a time.
-    control: tokio::sync::Mutex<()>,
+    /// Held by the start-up load and by model control: one load or unload at a time. Owned guards, so that a
+    /// load holds it on the blocking pool even when the request that asked for it has gone.
+    control: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Why model control could not do what it was asked.
@@ -120,7 +121,7 @@ pub enum ControlError {
 impl Registry {
     pub fn new(dir: PathBuf, mut models: Vec<Arc<Model>>) -> Registry {
         models.sort_by(|a, b| (a.name(), a.version()).cmp(&(b.name(), b.version())));
-        Registry { dir, models: RwLock::new(Arc::new(models)), control: tokio::sync::Mutex::new(()) }
+        Registry { dir, models: RwLock::new(Arc::new(models)), control: Arc::new(tokio::sync::Mutex::new(())) }
     }
 
     /// Every model version, as they are now.
@@ -161,8 +162,13 @@ impl Registry {
     }
 
     /// Waits for model control to be free, and holds it.
-    pub async fn control(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.control.lock().await
+    pub async fn control(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.control.clone().lock_owned().await
+    }
+
+    /// Holds model control if it is free now: the start-up load takes it before anything else can.
+    pub fn try_control(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        self.control.clone().try_lock_owned().ok()
     }
 
     /// The folder of model `name` in the repository, if it has one. Names that could leave the repository
@@ -256,10 +262,5 @@ impl Registry {
         self.replace(name, unloaded);
         tracing::info!(model = name, "model control: unloaded; its queued requests finish");
         Ok(())
-    }
-
-    /// The repository folder.
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 }

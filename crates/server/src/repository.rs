@@ -179,6 +179,13 @@ pub fn load_model(
     for instance in 0..config.instances {
         let mut engine = build_engine(config, settings)?;
         let meta = engine.metadata();
+        if meta.text.is_some() && !meta.has_batch_dim() {
+            // Sequences are batched by tokens, padded to the longest: a graph of one fixed row cannot take that.
+            anyhow::bail!(
+                "a text model needs a batch dimension (its inputs' first dimension -1); this graph's is fixed \
+                 (max_batch_size = 0 is for tensor models)"
+            );
+        }
         if instance == 0 && !meta.has_batch_dim() && batching.max_batch_size > 0 {
             let shapes: Vec<String> = meta.inputs.iter().map(|s| format!("{} {:?}", s.name, s.shape)).collect();
             tracing::info!(
@@ -193,7 +200,9 @@ pub fn load_model(
         // to claim the memory its largest batch needs; on the CPU one, which is all the allocator needs to see
         // (a full budget there is seconds of arithmetic before the model is ready).
         let rows = match (&meta.text, batching.max_batch_size) {
-            (Some(text), max) if meta.on_gpu() => (batching.max_batch_tokens / text.max_seq_len.max(1)).clamp(1, max),
+            (Some(text), max) if meta.on_gpu() => {
+                (batching.max_batch_tokens / text.max_seq_len.max(1)).clamp(1, max.max(1))
+            }
             (Some(_), _) | (None, 0) => 1,
             (None, max) => max,
         };

@@ -63,10 +63,7 @@ pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: 
     let in_flight = labels
         .as_ref()
         .filter(|_| !body_named)
-        .map(|(model, protocol)| metrics.in_flight(model.as_deref().unwrap_or_default(), *protocol));
-    if let Some(gauge) = &in_flight {
-        gauge.increment(1);
-    }
+        .map(|(model, protocol)| Held::new(metrics.in_flight(model.as_deref().unwrap_or_default(), *protocol)));
     let started = Instant::now();
     let response = match checkpoint.protected.then(|| authorize(state, &request)) {
         Some(Err(refused)) => refused.into_response(),
@@ -96,9 +93,7 @@ pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: 
             }
         }
     };
-    if let Some(gauge) = &in_flight {
-        gauge.decrement(1);
-    }
+    drop(in_flight);
     if let Some((mut model, protocol)) = labels {
         if body_named {
             model = response.extensions().get::<ServedModel>().and_then(|m| state.find(&m.0)).map(|m| m.label());
@@ -107,6 +102,23 @@ pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: 
         metrics.request_done(model, protocol, response.status().as_u16(), started.elapsed());
     }
     response
+}
+
+/// One request on an in-flight gauge, taken off when dropped: also when its client goes away and the request's
+/// future is dropped part-way.
+struct Held(metrics::Gauge);
+
+impl Held {
+    fn new(gauge: metrics::Gauge) -> Self {
+        gauge.increment(1);
+        Held(gauge)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.decrement(1);
+    }
 }
 
 /// The `model` label of an inference request: the model's own name, shared. A model this server does not have

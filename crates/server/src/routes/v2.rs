@@ -175,7 +175,12 @@ async fn repository_index(
         .collect();
     if state.model_control() == ModelControl::Explicit {
         // Model folders added since start-up, which a load would serve.
-        index.extend(state.registry().unknown_folders().into_iter().map(|name| V2IndexEntry {
+        // Reads the repository folder: on the blocking pool.
+        let registry = state.clone();
+        let unknown = tokio::task::spawn_blocking(move || registry.registry().unknown_folders())
+            .await
+            .map_err(|e| AppError::internal(format!("reading the repository failed: {e}")))?;
+        index.extend(unknown.into_iter().map(|name| V2IndexEntry {
             name,
             version: String::new(),
             state: "UNAVAILABLE",
@@ -241,9 +246,11 @@ async fn repository_load(
             )));
         }
     }
-    let _control = state.registry().control().await;
+    let control = state.registry().control().await;
     let worker = state.clone();
     tokio::task::spawn_blocking(move || {
+        // Held until the load ends, even if this request is dropped first (its client gone, its timeout).
+        let _control = control;
         worker.registry().load(&name, worker.engine_settings(), &|model| worker.metrics().batch_observer(model))
     })
     .await
