@@ -110,7 +110,7 @@ struct RouteSeries {
 
 impl Metrics {
     /// Registers every series for `models` at zero.
-    pub fn new(models: &[&str]) -> Metrics {
+    pub fn new(models: &[impl AsRef<str>]) -> Metrics {
         let builder = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(names::BATCH_SIZE.into()), &ROWS_BUCKETS))
@@ -120,7 +120,8 @@ impl Metrics {
         let mut metrics = Metrics { recorder, handle, routes: HashMap::new() };
         metrics.describe();
         // Registering a series creates it at zero.
-        for &model in models {
+        for model in models {
+            let model = model.as_ref();
             let series = Protocol::ALL.map(|protocol| RouteSeries {
                 in_flight: metrics.register_in_flight(model, protocol),
                 duration: metrics.request_duration(model, protocol),

@@ -129,6 +129,13 @@ impl Registry {
         self.models.read().map(|m| m.clone()).unwrap_or_else(|poisoned| poisoned.into_inner().clone())
     }
 
+    /// The names of the models `keep` keeps, each once (a model's versions share it), sorted.
+    pub fn names(&self, keep: impl Fn(&Model) -> bool) -> Vec<String> {
+        let mut names: Vec<String> = self.snapshot().iter().filter(|m| keep(m)).map(|m| m.name().to_owned()).collect();
+        names.dedup();
+        names
+    }
+
     /// The version of `name` that routes without a version serve: the newest ready one, else the newest.
     pub fn find(&self, name: &str) -> Option<Arc<Model>> {
         let models = self.snapshot();

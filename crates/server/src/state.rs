@@ -91,10 +91,7 @@ impl AppState {
         settings: EngineSettings,
         gpu: GpuMonitor,
     ) -> anyhow::Result<AppState> {
-        let models = registry.snapshot();
-        let mut names: Vec<&str> = models.iter().map(|m| m.name()).collect();
-        names.dedup();
-        let metrics = Metrics::new(&names);
+        let metrics = Metrics::new(&registry.names(|_| true));
         Ok(AppState(Arc::new(ServerState {
             defaults,
             settings,
@@ -149,11 +146,7 @@ impl AppState {
 
     /// The names of the models that embed text, quoted.
     pub fn text_model_names(&self) -> String {
-        let models = self.models();
-        let mut names: Vec<String> =
-            models.iter().filter(|m| m.config.task == Task::Embed).map(|m| format!("`{}`", m.name())).collect();
-        names.dedup();
-        names.join(", ")
+        quoted_list(&self.0.registry.names(|m| m.config.task == Task::Embed))
     }
 
     pub fn gpu(&self) -> &GpuMonitor {
@@ -216,10 +209,7 @@ impl AppState {
 
     /// The models' names, quoted, for messages.
     pub fn model_names(&self) -> String {
-        let models = self.models();
-        let mut names: Vec<String> = models.iter().map(|m| format!("`{}`", m.name())).collect();
-        names.dedup();
-        names.join(", ")
+        quoted_list(&self.0.registry.names(|_| true))
     }
 
     /// The model, loaded (its newest ready version), or why it is not.
@@ -342,4 +332,9 @@ impl AppState {
         };
         Assessment { status, reason, ready }
     }
+}
+
+/// Names as messages list them: `a`, `b`.
+fn quoted_list(names: &[String]) -> String {
+    names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
 }

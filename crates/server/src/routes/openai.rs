@@ -261,13 +261,8 @@ pub struct ModelCard<'a> {
 #[utoipa::path(get, path = "/v1/models", tag = "embeddings", responses((status = 200, body = ModelList)),
     security(("api_key" = [])))]
 async fn models(State(state): State<AppState>) -> Response {
-    let models = state.models();
-    let mut data: Vec<ModelCard<'_>> = models
-        .iter()
-        .filter(|m| m.config.task == inferd_core::Task::Embed)
-        .map(|m| ModelCard { id: m.name(), object: "model", created: 0, owned_by: "inferd" })
-        .collect();
     // A model's versions are one model to OpenAI's clients.
-    data.dedup_by(|a, b| a.id == b.id);
+    let names = state.registry().names(|m| m.config.task == inferd_core::Task::Embed);
+    let data = names.iter().map(|id| ModelCard { id, object: "model", created: 0, owned_by: "inferd" }).collect();
     Json(ModelList { object: "list", data }).into_response()
 }
