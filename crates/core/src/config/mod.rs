@@ -1,19 +1,31 @@
-//! `model.toml`: one model's backend, weights, device, precision, batching and tensors.
+//! `model.toml`: one model's backend, weights, device, precision, batching and tensors. This module holds the
+//! whole configuration and reads it; each section's types live in their own file.
 
-use std::fmt;
+mod batching;
+mod kinds;
+mod options;
+mod tensor_spec;
+mod versions;
+mod warmup;
+
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::Deserialize;
 
-use crate::dtype::DataType;
 use crate::error::{Error, Result};
+
+pub use batching::{BatchingConfig, DEFAULT_MAX_BATCH_TOKENS, MAX_BATCH_SIZE_LIMIT};
+pub use kinds::{Backend, DeviceSpec, Pooling, Precision, Task};
+pub use options::{CandleOptions, OnnxOptions, TextOverrides, DEFAULT_TEXT_WEIGHTS};
+pub use tensor_spec::TensorSpec;
+pub use versions::VersionPolicy;
+pub use warmup::{WarmupConfig, WarmupInput, MAX_WARMUP_ELEMENTS};
+
+use versions::version_folders;
 
 /// The file name of a model's configuration inside its folder.
 pub const MODEL_CONFIG_FILE: &str = "model.toml";
 
-/// Largest `max_batch_size` accepted: far beyond any useful batch, small enough to keep sizes in range.
-pub const MAX_BATCH_SIZE_LIMIT: usize = 1 << 16;
 /// Largest `instances` accepted.
 pub const MAX_INSTANCES: usize = 64;
 
@@ -50,321 +62,6 @@ pub struct ModelConfig {
     pub warmup: WarmupConfig,
 }
 
-/// Which of a model's numbered version folders (`1/`, `2/`, … Triton's layout) are served: `model.toml`'s
-/// `version_policy = "latest"` (the default), `"all"`, `{ latest = N }` or `{ specific = [1, 3] }`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VersionPolicy {
-    /// The newest N.
-    Latest(usize),
-    All,
-    Specific(Vec<u64>),
-}
-
-impl Default for VersionPolicy {
-    fn default() -> Self {
-        VersionPolicy::Latest(1)
-    }
-}
-
-impl VersionPolicy {
-    /// The versions served of those `available` (ascending).
-    pub fn select(&self, available: &[u64]) -> Vec<u64> {
-        match self {
-            VersionPolicy::Latest(n) => available[available.len().saturating_sub(*n)..].to_vec(),
-            VersionPolicy::All => available.to_vec(),
-            VersionPolicy::Specific(wanted) => available.iter().copied().filter(|v| wanted.contains(v)).collect(),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for VersionPolicy {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Word(String),
-            Latest { latest: usize },
-            Specific { specific: Vec<u64> },
-        }
-        let expected = "version_policy: \"latest\", \"all\", { latest = N } or { specific = [versions] }";
-        match Raw::deserialize(deserializer).map_err(|_| serde::de::Error::custom(expected))? {
-            Raw::Word(w) if w == "latest" => Ok(VersionPolicy::Latest(1)),
-            Raw::Word(w) if w == "all" => Ok(VersionPolicy::All),
-            Raw::Latest { latest } if latest > 0 => Ok(VersionPolicy::Latest(latest)),
-            Raw::Specific { specific } if !specific.is_empty() => Ok(VersionPolicy::Specific(specific)),
-            _ => Err(serde::de::Error::custom(expected)),
-        }
-    }
-}
-
-/// What a model does with its inputs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Task {
-    /// Tensors in, tensors out.
-    #[default]
-    Tensors,
-    /// Texts in, one embedding vector per text out.
-    Embed,
-}
-
-impl Task {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Task::Tensors => "tensors",
-            Task::Embed => "embed",
-        }
-    }
-}
-
-/// How a text model turns its last hidden state into one vector per text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Pooling {
-    /// The mean of the hidden states of the real (unpadded) tokens.
-    Mean,
-    /// The hidden state of the first token (`[CLS]`).
-    Cls,
-}
-
-impl Pooling {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Pooling::Mean => "mean",
-            Pooling::Cls => "cls",
-        }
-    }
-}
-
-/// A text model's settings as `model.toml` gives them (top-level keys); unset ones come from the folder's files.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct TextOverrides {
-    /// `tokenizer.json`, resolved against the model's folder.
-    pub tokenizer: Option<PathBuf>,
-    pub pooling: Option<Pooling>,
-    pub normalize: Option<bool>,
-    pub max_seq_len: Option<usize>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    Onnx,
-    Candle,
-}
-
-impl Backend {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Backend::Onnx => "onnx",
-            Backend::Candle => "candle",
-        }
-    }
-}
-
-/// Where a model should run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DeviceSpec {
-    /// The first GPU if one is usable, else the CPU.
-    #[default]
-    Auto,
-    Cpu,
-    /// GPU `n`: the model fails to load if it cannot run there.
-    Cuda(usize),
-}
-
-impl FromStr for DeviceSpec {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(DeviceSpec::Auto),
-            "cpu" => Ok(DeviceSpec::Cpu),
-            "cuda" => Ok(DeviceSpec::Cuda(0)),
-            _ => s
-                .strip_prefix("cuda:")
-                .and_then(|n| n.parse().ok())
-                .map(DeviceSpec::Cuda)
-                .ok_or_else(|| format!("unknown device `{s}` (expected auto, cpu, cuda or cuda:N)")),
-        }
-    }
-}
-
-impl fmt::Display for DeviceSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DeviceSpec::Auto => f.write_str("auto"),
-            DeviceSpec::Cpu => f.write_str("cpu"),
-            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for DeviceSpec {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        String::deserialize(deserializer)?.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-/// The floating-point precision a model computes in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    #[default]
-    Fp32,
-    Fp16,
-    Bf16,
-}
-
-impl Precision {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Precision::Fp32 => "fp32",
-            Precision::Fp16 => "fp16",
-            Precision::Bf16 => "bf16",
-        }
-    }
-
-    /// The tensor data type of this precision.
-    pub fn data_type(self) -> DataType {
-        match self {
-            Precision::Fp32 => DataType::Fp32,
-            Precision::Fp16 => DataType::Fp16,
-            Precision::Bf16 => DataType::Bf16,
-        }
-    }
-}
-
-impl fmt::Display for Precision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Precision {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "fp32" => Ok(Precision::Fp32),
-            "fp16" => Ok(Precision::Fp16),
-            "bf16" => Ok(Precision::Bf16),
-            _ => Err(format!("unknown precision `{s}` (expected fp32, fp16 or bf16)")),
-        }
-    }
-}
-
-/// `[batching]`: how requests are grouped and how much may wait.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct BatchingConfig {
-    /// Rows per batch at most. 0 (Triton's meaning): the model has no batch dimension, or no batching is wanted;
-    /// each request's tensors run as they are sent, never joined with another's. A graph whose first dimension is
-    /// a fixed number is served so whatever this says.
-    pub max_batch_size: usize,
-    /// Extra wait for a fuller batch; 0 runs whatever is queued as soon as a worker is free.
-    pub max_queue_delay_us: u64,
-    /// Batch sizes to cut at when the queue holds exactly enough rows for one.
-    pub preferred_batch_sizes: Vec<usize>,
-    /// Queued requests before new ones are refused (429).
-    pub max_queue_size: usize,
-    /// Queue deadline in milliseconds; 0 for none. A request may ask for less.
-    pub timeout_ms: u64,
-    /// Text models: padded tokens (rows × the longest sequence) per batch at most.
-    pub max_batch_tokens: usize,
-}
-
-/// Default `max_batch_tokens`: 16 Ki tokens, 64 rows of 256.
-pub const DEFAULT_MAX_BATCH_TOKENS: usize = 16 * 1024;
-
-impl Default for BatchingConfig {
-    fn default() -> Self {
-        BatchingConfig {
-            max_batch_size: 64,
-            max_queue_delay_us: 0,
-            preferred_batch_sizes: Vec::new(),
-            max_queue_size: 1024,
-            timeout_ms: 0,
-            max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
-        }
-    }
-}
-
-/// One input or output: name, data type and shape (`-1` for a variable dimension; a leading `-1` is the batch
-/// dimension).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct TensorSpec {
-    pub name: String,
-    pub datatype: DataType,
-    pub shape: Vec<i64>,
-}
-
-impl TensorSpec {
-    /// The dimensions after the batch dimension.
-    pub fn row_dims(&self) -> &[i64] {
-        self.shape.get(1..).unwrap_or(&[])
-    }
-
-    /// Whether `dims` (a concrete shape, batch dimension included) fits this spec.
-    pub fn accepts(&self, dims: &[usize]) -> bool {
-        dims.len() == self.shape.len()
-            && self.shape.iter().zip(dims).all(|(&want, &got)| want < 0 || usize::try_from(want) == Ok(got))
-    }
-}
-
-/// `[warmup]`: what a model runs once per instance before it is ready, so that its first requests do not pay for
-/// the engine's lazy set-up (memory, kernels, graph optimisation).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct WarmupConfig {
-    /// No warm-up: the model is ready as soon as it loads.
-    pub skip: bool,
-    /// Each input's warm-up shape (and data), by input name. Inputs left out must have fixed non-batch
-    /// dimensions: they run with zeros of those, and the batch of the inputs given.
-    pub inputs: std::collections::BTreeMap<String, WarmupInput>,
-}
-
-/// One input of a warm-up run.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WarmupInput {
-    /// The concrete shape, the batch dimension first where the model has one: `[1, 3, 640, 640]`.
-    pub shape: Vec<usize>,
-    /// Raw little-endian elements of exactly that shape, in the input's data type, resolved against the model's
-    /// folder; zeros when not given.
-    pub file: Option<PathBuf>,
-}
-
-/// Largest warm-up input accepted, in elements: 256 Mi (1 GiB of FP32).
-pub const MAX_WARMUP_ELEMENTS: usize = 1 << 28;
-
-/// `[onnx]`: ONNX Runtime options.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct OnnxOptions {
-    /// Threads inside one operator; default: the cores present shared among the instances.
-    pub intra_op_threads: Option<usize>,
-    /// Try the TensorRT execution provider before CUDA.
-    pub tensorrt: bool,
-    /// Let TensorRT build FP16 engines (also implied by `precision = "fp16"` with `tensorrt = true`).
-    pub tensorrt_fp16: bool,
-}
-
-/// `[candle]`: the built-in architecture and its hyper-parameters.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CandleOptions {
-    /// The architecture: `mlp`, or `bert` (the default of a text model, configured by its `config.json`).
-    pub architecture: String,
-    /// `mlp`: the width of each layer, input first (`[64, 128, 10]`).
-    #[serde(default)]
-    pub layers: Vec<usize>,
-    /// `mlp`: one activation after each linear layer (`relu`, `gelu`, `tanh`, `sigmoid` or `none`).
-    #[serde(default)]
-    pub activations: Vec<String>,
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawModelConfig {
@@ -395,9 +92,6 @@ struct RawModelConfig {
     #[serde(default)]
     version_policy: VersionPolicy,
 }
-
-/// The weights a candle text model reads when `file` is not given: the hub's name.
-pub const DEFAULT_TEXT_WEIGHTS: &str = "model.safetensors";
 
 fn one() -> usize {
     1
@@ -595,24 +289,6 @@ impl ModelConfig {
     }
 }
 
-/// The numbered version folders of a model folder, ascending: subfolders named by a positive integer.
-fn version_folders(dir: &Path) -> std::io::Result<Vec<u64>> {
-    let mut versions = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        // Only a number's own spelling: `03` would name version 3, whose files are looked for in `3/`.
-        let version = name.to_str().and_then(|n| n.parse::<u64>().ok().filter(|v| v.to_string() == n));
-        if let Some(v) = version.filter(|&v: &u64| v > 0) {
-            if entry.path().is_dir() {
-                versions.push(v);
-            }
-        }
-    }
-    versions.sort_unstable();
-    Ok(versions)
-}
-
 /// toml's messages span several lines (a snippet of the file); logs and errors want one.
 fn one_line(message: &str) -> String {
     message.split('\n').map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('|')).collect::<Vec<_>>().join(" ")
@@ -621,6 +297,7 @@ fn one_line(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dtype::DataType;
 
     fn parse(text: &str) -> Result<ModelConfig> {
         ModelConfig::parse("m", Path::new("/models/m"), text)
@@ -761,50 +438,5 @@ mod tests {
         let c = ModelConfig::load(&model_dir).expect("valid");
         assert_eq!(c.name, "resnet-50");
         assert_eq!(c.file, model_dir.join("model.onnx"));
-    }
-
-    #[test]
-    fn numbered_folders_are_versions_chosen_by_the_policy() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let model = dir.path().join("detector");
-        for v in ["1", "2", "10", "0", "x", "03"] {
-            std::fs::create_dir_all(model.join(v)).expect("mkdir");
-        }
-        std::fs::write(model.join("7"), "a file, not a folder").expect("write");
-        let write = |extra: &str| {
-            std::fs::write(model.join(MODEL_CONFIG_FILE), format!("backend = \"onnx\"\nfile = \"m.onnx\"\n{extra}"))
-                .expect("write")
-        };
-        let versions = |extra: &str| -> Vec<u64> {
-            write(extra);
-            ModelConfig::load_versions(&model).expect("valid").iter().map(|c| c.version).collect()
-        };
-        // `0`, `x`, `03` (not how 3 is written: its files would be looked for in `3/`) and the file `7` are not
-        // versions.
-        assert_eq!(versions(""), vec![10]);
-        assert_eq!(versions("version_policy = \"all\""), vec![1, 2, 10]);
-        assert_eq!(versions("version_policy = { latest = 2 }"), vec![2, 10]);
-        assert_eq!(versions("version_policy = { specific = [2, 1, 99] }"), vec![1, 2]);
-        let c = ModelConfig::load(&model).expect("valid");
-        assert_eq!((c.name.as_str(), c.version), ("detector", 2));
-        assert_eq!(c.file, model.join("2").join("m.onnx"), "the version's files are in its folder");
-        assert_eq!(c.config_file, model.join(MODEL_CONFIG_FILE));
-        write("version_policy = { specific = [5] }");
-        let err = ModelConfig::load_versions(&model).expect_err("nothing selected").to_string();
-        assert!(err.contains("none of the version folders [1, 2, 10]"), "{err}");
-        for bad in ["\"newest\"", "{ latest = 0 }", "{ specific = [] }", "3"] {
-            write(&format!("version_policy = {bad}"));
-            let err = ModelConfig::load_versions(&model).expect_err("refused").to_string();
-            assert!(err.contains("version_policy: \"latest\""), "{bad}: {err}");
-        }
-    }
-
-    #[test]
-    fn tensor_spec_accepts_matching_shapes() {
-        let spec = TensorSpec { name: "x".into(), datatype: DataType::Fp32, shape: vec![-1, 64] };
-        assert!(spec.accepts(&[3, 64]));
-        assert!(!spec.accepts(&[3, 63]));
-        assert!(!spec.accepts(&[3, 64, 1]));
-        assert_eq!(spec.row_dims(), &[64]);
     }
 }

@@ -1,0 +1,42 @@
+//! `[batching]`: how a model's requests are grouped into batches, and the limits on batch sizes.
+
+use serde::Deserialize;
+
+/// Largest `max_batch_size` accepted: far beyond any useful batch, small enough to keep sizes in range.
+pub const MAX_BATCH_SIZE_LIMIT: usize = 1 << 16;
+
+/// `[batching]`: how requests are grouped and how much may wait.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BatchingConfig {
+    /// Rows per batch at most. 0 (Triton's meaning): the model has no batch dimension, or no batching is wanted;
+    /// each request's tensors run as they are sent, never joined with another's. A graph whose first dimension is
+    /// a fixed number is served so whatever this says.
+    pub max_batch_size: usize,
+    /// Extra wait for a fuller batch; 0 runs whatever is queued as soon as a worker is free.
+    pub max_queue_delay_us: u64,
+    /// Batch sizes to cut at when the queue holds exactly enough rows for one.
+    pub preferred_batch_sizes: Vec<usize>,
+    /// Queued requests before new ones are refused (429).
+    pub max_queue_size: usize,
+    /// Queue deadline in milliseconds; 0 for none. A request may ask for less.
+    pub timeout_ms: u64,
+    /// Text models: padded tokens (rows × the longest sequence) per batch at most.
+    pub max_batch_tokens: usize,
+}
+
+/// Default `max_batch_tokens`: 16 Ki tokens, 64 rows of 256.
+pub const DEFAULT_MAX_BATCH_TOKENS: usize = 16 * 1024;
+
+impl Default for BatchingConfig {
+    fn default() -> Self {
+        BatchingConfig {
+            max_batch_size: 64,
+            max_queue_delay_us: 0,
+            preferred_batch_sizes: Vec::new(),
+            max_queue_size: 1024,
+            timeout_ms: 0,
+            max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
+        }
+    }
+}
