@@ -1,13 +1,20 @@
 //! The batcher with real threads and fake engines whose every batch is recorded. Tests wait on events the
 //! batcher and the engine report (a request queued, a batch reaching the engine), never on a clock.
 
-use inferd_core::{Precision, TensorSpec};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use inferd_core::{BatchingConfig, DataType, Engine, ModelMetadata, Precision, Tensor, TensorSpec};
 use tokio::sync::{mpsc, watch};
 
-use super::*;
+use crate::queue::piece_rows;
+use crate::{BatchError, BatchObserver, Batcher, InferRequest, InferResponse};
 
-/// Doubles its FP32 input `[-1, -1]`. Records each batch's rows and first values; can be held at a gate, panics
-/// on a value of -1, fails on -2 and refuses -3 as invalid input.
+mod counts;
+
+/// Doubles its FP32 input `[-1, -1]`. Records each batch's values; can be held at a gate. Refuses as invalid
+/// input what does not fit its input's spec, as a real engine does; panics on a value of -1, fails on -2 and
+/// refuses -3 as invalid input.
 struct Doubler {
     metadata: ModelMetadata,
     seen: Arc<Mutex<Vec<Vec<f32>>>>,
@@ -46,6 +53,18 @@ impl Engine for Doubler {
             let _ = tx.send(inputs[0].rows());
         }
         self.gate.wait();
+        let spec = &self.metadata.inputs[0];
+        if let [input] = inputs {
+            if input.dtype() != spec.datatype || !spec.accepts(input.shape()) {
+                return Err(inferd_core::Error::InvalidInput(format!(
+                    "expected {} {:?}, got {} {:?}",
+                    spec.datatype,
+                    spec.shape,
+                    input.dtype(),
+                    input.shape()
+                )));
+            }
+        }
         let values = inputs[0].to_vec::<f32>()?;
         self.seen.lock().expect("seen").push(values.clone());
         if values.contains(&-1.0) {
@@ -69,10 +88,14 @@ struct Fixture {
     observed: Arc<Observed>,
 }
 
-/// What the batcher told its observer: (rows, ok) per batch, and how many requests entered the queue.
+/// What the batcher told its observer: how many requests entered the queue, how many pieces started, (rows, ok)
+/// per engine run, and (real, padded) tokens per text run.
+#[derive(Default)]
 struct Observed {
-    batches: Mutex<Vec<(usize, bool)>>,
     queued: watch::Sender<usize>,
+    started: Mutex<usize>,
+    batches: Mutex<Vec<(usize, bool)>>,
+    tokens: Mutex<Vec<(usize, usize)>>,
 }
 
 impl BatchObserver for Observed {
@@ -80,16 +103,26 @@ impl BatchObserver for Observed {
         self.queued.send_modify(|n| *n += 1);
     }
 
-    fn request_started(&self, _queue_time: Duration) {}
+    fn request_started(&self, _queue_time: Duration) {
+        *self.started.lock().expect("observed") += 1;
+    }
 
     fn batch_done(&self, rows: usize, _compute_time: Duration, ok: bool) {
         self.batches.lock().expect("observed").push((rows, ok));
+    }
+
+    fn tokens_batched(&self, real: usize, padded: usize) {
+        self.tokens.lock().expect("observed").push((real, padded));
     }
 }
 
 impl Observed {
     fn batches(&self) -> Vec<(usize, bool)> {
         self.batches.lock().expect("observed").clone()
+    }
+
+    fn failed_batches(&self) -> usize {
+        self.batches().iter().filter(|(_, ok)| !ok).count()
     }
 }
 
@@ -107,9 +140,8 @@ fn fixture(batching: BatchingConfig, gate_open: bool) -> Fixture {
     let gate = Arc::new(Gate::default());
     *gate.open.lock().expect("gate") = gate_open;
     let engine = Doubler { metadata, seen: seen.clone(), gate: gate.clone() };
-    let observed = Arc::new(Observed { batches: Mutex::default(), queued: watch::Sender::new(0) });
-    let batcher =
-        Batcher::start("double", &batching, vec![Box::new(engine)], Some(observed.clone())).expect("threads start");
+    let observed = Arc::new(Observed::default());
+    let batcher = Batcher::start("double", &batching, vec![Box::new(engine)], observed.clone()).expect("threads start");
     Fixture { batcher, seen, gate, observed }
 }
 
@@ -224,7 +256,7 @@ async fn a_panic_or_an_engine_error_fails_only_its_batch_with_its_kind() {
     assert!(matches!(&err, BatchError::InvalidInput(m) if m.contains("-3 is not welcome")), "{err}");
     let answer = f.batcher.infer(rows(&[3.0], 1)).await.expect("the worker survived");
     assert_eq!(answer.outputs[0].to_vec::<f32>().expect("fp32"), vec![6.0]);
-    assert_eq!(f.batcher.stats().failed_batches.load(Ordering::Relaxed), 3);
+    assert_eq!(f.observed.failed_batches(), 3);
     assert_eq!(f.observed.batches(), vec![(1, false), (1, false), (1, false), (1, true)]);
 }
 
@@ -326,11 +358,35 @@ async fn bad_requests_are_refused_before_they_queue() {
     let f = fixture(batched(8), true);
     let none = InferRequest::new(vec![]);
     assert!(matches!(f.batcher.infer(none).await, Err(BatchError::InvalidInput(m)) if m.contains("takes 1 input")));
-    let ints = InferRequest::new(vec![Tensor::from_slice(vec![1, 1], &[1i32]).expect("valid")]);
-    assert!(matches!(f.batcher.infer(ints).await, Err(BatchError::InvalidInput(m)) if m.contains("expected FP32")));
     let empty = InferRequest::new(vec![Tensor::from_slice::<f32>(vec![0, 1], &[]).expect("valid")]);
     assert!(matches!(f.batcher.infer(empty).await, Err(BatchError::InvalidInput(m)) if m.contains("no rows")));
     assert_eq!(f.seen.lock().expect("seen").len(), 0);
+    assert_eq!(*f.observed.queued.borrow(), 0, "nothing was queued");
+    assert_eq!(f.observed.batches(), vec![], "nothing reached the engine");
+}
+
+#[tokio::test]
+async fn an_input_the_engine_refuses_fails_only_its_own_request() {
+    // The batcher leaves data types and shapes to the caller (the server's codec checks them against the
+    // model's specs): one that does not fit reaches the engine, whose refusal answers that request alone.
+    let f = fixture(batched(8), false);
+    let first = hold_worker(&f, 0.0).await;
+    let ints = {
+        let b = f.batcher.clone();
+        let ints = Tensor::from_slice(vec![1, 1], &[1i32]).expect("valid");
+        tokio::spawn(async move { b.infer(InferRequest::new(vec![ints])).await })
+    };
+    let fine = spawn_row(&f.batcher, vec![2.0]);
+    queued(&f, 3).await;
+    f.gate.open();
+    first.await.expect("task").expect("answered");
+    let err = ints.await.expect("task").expect_err("refused");
+    assert!(
+        matches!(&err, BatchError::InvalidInput(m) if m.contains("engine refused") && m.contains("expected FP32")),
+        "{err}"
+    );
+    let answer = fine.await.expect("task").expect("the fitting neighbour is answered");
+    assert_eq!(answer.outputs[0].to_vec::<f32>().expect("fp32"), vec![4.0]);
 }
 
 #[test]
@@ -365,11 +421,16 @@ async fn without_batching_each_request_runs_alone_as_sent() {
 }
 
 #[tokio::test]
-async fn without_batching_shapes_are_still_checked() {
+async fn without_batching_what_does_not_fit_is_refused_as_invalid_input() {
+    // Shapes are the caller's to check; a tensor that does not fit reaches the engine as sent, and its refusal
+    // is the client's fault.
     let f = fixture(batched(0), true);
     let three_dims = InferRequest::new(vec![Tensor::from_slice(vec![1, 1, 2], &[1.0f32, 2.0]).expect("valid")]);
     let err = f.batcher.infer(three_dims).await.expect_err("a rank-3 tensor for a rank-2 input");
     assert!(matches!(&err, BatchError::InvalidInput(m) if m.contains("expected FP32 [-1, -1]")), "{err}");
+    let none = InferRequest::new(vec![]);
+    let err = f.batcher.infer(none).await.expect_err("no input for a model of one");
+    assert!(matches!(&err, BatchError::InvalidInput(m) if m.contains("takes 1 input")), "{err}");
 }
 
 #[tokio::test]

@@ -1,0 +1,478 @@
+//! One model's queue: admission, splitting requests into pieces, the one function that cuts batches, and the
+//! sweeps of requests whose caller left or whose deadline passed.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use inferd_core::{BatchingConfig, DataType, Tensor};
+use tokio::sync::oneshot;
+
+use crate::policy::{decide, Candidate, Decision, Policy};
+use crate::request::{BatchError, InferRequest, InferResponse, Inputs};
+use crate::Model;
+
+/// Where one queued piece's answer arrives.
+pub(crate) type Answer = oneshot::Receiver<Result<InferResponse, BatchError>>;
+
+/// One model's queue, shared by the [`crate::Batcher`] handles, the scheduler thread and the worker threads.
+///
+/// It alone cuts batches: requests leave `queue` for a batch only in [`Queue::cut`], under the lock. `cut` has
+/// three triggers, each on the thread that has just changed what the decision depends on:
+/// 1. [`Queue::admit`], on the caller's thread: a request arrived. An idle worker gets its batch from here, with
+///    no hop through the scheduler thread; a hop would cost a wake-up and a context switch per request.
+/// 2. [`Queue::next_batch`], on a worker thread: the worker turned idle and takes what is queued.
+/// 3. [`Queue::run_timer`], on the scheduler thread: a queue delay or a deadline came due, or the mode changed
+///    (flush, stop). It is woken only when it has a timer to set, so the request path does not pay for it.
+///
+/// One mutex (`state`) and two condvars:
+/// - `work_ready`: idle workers wait on it in `next_batch`. `cut` notifies one worker per batch it cuts (one
+///   batch, one worker), and a stop notifies them all.
+/// - `control`: the scheduler thread waits on it for its timer, and [`Queue::stop`] for the threads to exit.
+///   Notified when the scheduler has a timer to set (`cut` wants to wait for a queue delay, or a request carries
+///   a deadline), on flush and stop, and when a thread exits. It is always `notify_all`, so that the scheduler
+///   and `stop` never take each other's wake-up; that costs the request path nothing, since `stop` waits only
+///   after `stopping` is set, when no request is taken any more, and until then the scheduler is its only
+///   waiter (waking all of one waiter is waking one).
+///
+/// The workers keep a condvar of their own because they must be woken one per batch: sharing theirs with the
+/// scheduler would need `notify_all` on every cut, waking every idle worker and the scheduler per request.
+pub(crate) struct Queue {
+    /// Fixed at start, read by everyone.
+    pub(crate) model: Model,
+    policy: Policy,
+    max_queue_size: usize,
+    /// The model's own queue deadline (`timeout_ms`), if any.
+    timeout: Option<Duration>,
+    state: Mutex<State>,
+    work_ready: Condvar,
+    control: Condvar,
+}
+
+/// What the lock guards; who changes each field is noted on it.
+struct State {
+    /// Requests (or pieces) not yet in a batch, in arrival order. `admit` pushes, only `cut` takes, the
+    /// scheduler's sweep answers the expired, and a stop that gives up answers the rest.
+    queue: VecDeque<Pending>,
+    /// Batches cut for an idle worker that has not picked them up yet: `cut` pushes, `next_batch` pops. A batch
+    /// is cut only when a worker is free to run it, so everything that arrives while the workers are busy waits
+    /// in `queue` and goes into the next batch together (cutting a batch ahead, as a prefetch, made closed-loop
+    /// batches alternate small and large).
+    ready: VecDeque<Vec<Pending>>,
+    /// Requests inside `ready`, kept with it by whoever changes it.
+    ready_requests: usize,
+    /// Draining: cut batches without waiting for a fuller one. Set by `flush` and `begin_stop`, never cleared.
+    flush: bool,
+    /// No new requests; threads exit once the queue and `ready` are empty. Set by `begin_stop`, never cleared.
+    stopping: bool,
+    /// Threads started and not yet returned: counted by `spawn`, waited for by `stop`.
+    live_threads: usize,
+    /// Workers waiting in `next_batch`: `cut` cuts no more batches than this.
+    idle_workers: usize,
+    /// When each worker's running batch started; `None` while it waits. Each worker sets its own slot.
+    running: Vec<Option<Instant>>,
+}
+
+/// A queued request (or one piece of a split one).
+pub(crate) struct Pending {
+    pub(crate) inputs: Vec<Tensor>,
+    pub(crate) rows: usize,
+    /// Text models: the sequence length (dim 1) of its rows; 0 otherwise.
+    pub(crate) seq_len: usize,
+    /// Data types and non-batch dimensions: requests batch only with equal keys, which is what lets their
+    /// inputs be joined.
+    key: Vec<(DataType, Vec<usize>)>,
+    pub(crate) enqueued_at: Instant,
+    deadline: Option<Instant>,
+    pub(crate) reply: oneshot::Sender<Result<InferResponse, BatchError>>,
+    /// The request's span, carried across to the worker thread.
+    pub(crate) span: tracing::Span,
+}
+
+impl Pending {
+    /// True when nobody waits for the answer any more.
+    pub(crate) fn abandoned(&self) -> bool {
+        self.reply.is_closed()
+    }
+
+    fn expired(&self, now: Instant) -> bool {
+        self.deadline.is_some_and(|d| d <= now)
+    }
+}
+
+/// Each input's data type and non-batch dimensions: requests batch only with requests of an equal key.
+type ShapeKey = [(DataType, Vec<usize>)];
+
+impl Queue {
+    pub(crate) fn new(model: Model, config: &BatchingConfig, workers: usize) -> Self {
+        Queue {
+            policy: Policy::from_config(config, model.sequences),
+            model,
+            max_queue_size: config.max_queue_size,
+            timeout: (config.timeout_ms > 0).then(|| Duration::from_millis(config.timeout_ms)),
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                ready: VecDeque::new(),
+                ready_requests: 0,
+                flush: false,
+                stopping: false,
+                live_threads: 0,
+                idle_workers: 0,
+                running: vec![None; workers],
+            }),
+            work_ready: Condvar::new(),
+            control: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave `State` half-updated in a way that matters more than
+        // stopping service would; keep serving.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts a named thread that [`Queue::stop`] waits for until `body` returns.
+    pub(crate) fn spawn(self: &Arc<Self>, name: String, body: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+        self.lock().live_threads += 1;
+        let queue = self.clone();
+        let spawned = thread::Builder::new().name(name).spawn(move || {
+            body();
+            queue.lock().live_threads -= 1;
+            queue.control.notify_all();
+        });
+        if spawned.is_err() {
+            self.lock().live_threads -= 1;
+        }
+        spawned.map(drop)
+    }
+
+    /// Checks and queues a request, in pieces of at most `max_batch_size` rows (a text request: one piece per
+    /// sequence), and cuts a batch if a worker is idle. Returns where each piece's answer arrives, in order, and
+    /// the queue's depth after.
+    pub(crate) fn admit(&self, request: InferRequest) -> Result<(Vec<Answer>, usize), BatchError> {
+        let pieces = match request.inputs {
+            Inputs::Rows(inputs) => self.pieces(inputs)?,
+            Inputs::Sequences(sequences) => self.sequences(sequences)?,
+        };
+        let now = Instant::now();
+        let span = request.span;
+        let deadline = match (request.deadline, self.timeout.map(|t| now + t)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let model = &self.model;
+        let mut state = self.lock();
+        if state.stopping {
+            return Err(BatchError::Unavailable(model.name.clone()));
+        }
+        if state.queue.len() + state.ready_requests + pieces.len() > self.max_queue_size {
+            return Err(BatchError::QueueFull { model: model.name.clone(), max_queue_size: self.max_queue_size });
+        }
+        // A text model's sequences batch whatever their length: dim 1 is left out of the key.
+        let key_from = if model.sequences { 2 } else { 1 };
+        let answers = pieces
+            .into_iter()
+            .map(|inputs| {
+                let (reply, answer) = oneshot::channel();
+                let key =
+                    inputs.iter().map(|t| (t.dtype(), t.shape().get(key_from..).unwrap_or(&[]).to_vec())).collect();
+                let rows = if model.unbatched { 1 } else { inputs.first().map_or(1, Tensor::rows) };
+                let seq_len = match model.sequences {
+                    true => inputs.first().and_then(|t| t.shape().get(1)).copied().unwrap_or(0),
+                    false => 0,
+                };
+                state.queue.push_back(Pending {
+                    inputs,
+                    rows,
+                    seq_len,
+                    key,
+                    enqueued_at: now,
+                    deadline,
+                    reply,
+                    span: span.clone(),
+                });
+                answer
+            })
+            .collect();
+        // Trigger 1 of `cut`. The scheduler is woken only when it has a timer to set: a queue delay to wait out,
+        // or a deadline.
+        let wait = self.cut(&mut state, now);
+        if wait.is_some() || deadline.is_some() {
+            self.control.notify_all();
+        }
+        Ok((answers, state.queue.len() + state.ready_requests))
+    }
+
+    /// Checks a request of rows, and splits it into pieces of at most `max_batch_size` rows.
+    fn pieces(&self, inputs: Vec<Tensor>) -> Result<Vec<Vec<Tensor>>, BatchError> {
+        let rows = self.check(&inputs)?;
+        let max = self.policy.max_batch_size;
+        if rows <= max || self.model.unbatched {
+            return Ok(vec![inputs]);
+        }
+        let counts = piece_rows(rows, max);
+        let mut split: Vec<Vec<Tensor>> = counts.iter().map(|_| Vec::with_capacity(inputs.len())).collect();
+        for input in &inputs {
+            let parts = input.split_rows(&counts).map_err(|e| BatchError::InvalidInput(e.to_string()))?;
+            for (piece, part) in split.iter_mut().zip(parts) {
+                piece.push(part);
+            }
+        }
+        Ok(split)
+    }
+
+    /// Checks a text request's sequences, each one piece; none may have more rows than a batch.
+    fn sequences(&self, sequences: Vec<Vec<Tensor>>) -> Result<Vec<Vec<Tensor>>, BatchError> {
+        if sequences.is_empty() {
+            return Err(BatchError::InvalidInput("the request has no sequences".into()));
+        }
+        let max = self.policy.max_batch_size;
+        for sequence in &sequences {
+            let rows = self.check(sequence)?;
+            if rows > max {
+                return Err(BatchError::InvalidInput(format!(
+                    "a sequence entry of {rows} rows is more than max_batch_size ({max})"
+                )));
+            }
+        }
+        Ok(sequences)
+    }
+
+    /// Checks what the batcher itself needs of a request to queue, split and join it; returns its rows (1 for a
+    /// model that does not batch). Data types and shapes are not checked against the model's specs again: the
+    /// caller has (the server's codec, while decoding), and what still does not fit the engine refuses.
+    fn check(&self, inputs: &[Tensor]) -> Result<usize, BatchError> {
+        let model = &self.model;
+        let specs = &model.metadata.inputs;
+        // Joining a batch indexes each request's inputs by position: a missing one would panic a worker thread.
+        if inputs.len() != specs.len() {
+            return Err(BatchError::InvalidInput(format!(
+                "model `{}` takes {} input(s), got {}",
+                model.name,
+                specs.len(),
+                inputs.len()
+            )));
+        }
+        if model.unbatched {
+            // The tensors run as sent: nothing is split or joined.
+            return Ok(1);
+        }
+        // Splitting and joining cut every input at the same rows.
+        let rows = inputs.first().map_or(0, Tensor::rows);
+        if let Some((spec, t)) = specs.iter().zip(inputs).find(|(_, t)| t.rows() != rows) {
+            return Err(BatchError::InvalidInput(format!(
+                "input `{}` has {} rows but the first input has {rows}: every input needs the same rows",
+                spec.name,
+                t.rows()
+            )));
+        }
+        if rows == 0 {
+            return Err(BatchError::InvalidInput("the request has no rows".into()));
+        }
+        if model.sequences {
+            // Joining pads every token input along dim 1 to the batch's longest, and the policy weighs a sequence
+            // by that length: one `[rows, seq]` form, with at least one token.
+            let seq = inputs.first().and_then(|t| t.shape().get(1)).copied().unwrap_or(0);
+            if seq == 0 || inputs.iter().any(|t| t.shape() != [rows, seq]) {
+                return Err(BatchError::InvalidInput(
+                    "a sequence needs at least one token, and every token input the same [rows, seq] shape".into(),
+                ));
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Cuts batches from the queue for the idle workers, as the policy decides, and wakes one worker per batch.
+    /// The only place batches are cut; see [`Queue`] for its three triggers. Returns when the policy wants to be
+    /// asked again if nothing else happens.
+    fn cut(&self, state: &mut State, now: Instant) -> Option<Instant> {
+        while state.ready.len() < state.idle_workers {
+            let candidates: Vec<Candidate<&ShapeKey>> = state
+                .queue
+                .iter()
+                .map(|p| Candidate {
+                    rows: p.rows,
+                    seq_len: p.seq_len,
+                    key: p.key.as_slice(),
+                    enqueued_at: p.enqueued_at,
+                })
+                .collect();
+            match decide(&candidates, &self.policy, now, state.flush) {
+                Decision::Run { positions, rows, reason } => {
+                    drop(candidates);
+                    let batch = take_positions(&mut state.queue, &positions);
+                    tracing::trace!(model = %self.model.name, rows, requests = batch.len(), ?reason, "batch cut");
+                    state.ready_requests += batch.len();
+                    state.ready.push_back(batch);
+                    self.work_ready.notify_one();
+                }
+                Decision::WaitUntil(t) => return Some(t),
+                Decision::Idle => return None,
+            }
+        }
+        None
+    }
+
+    /// Worker `worker` has finished its batch (or starts): waits for the next one, cutting it itself when it can.
+    /// `None` once the queue is stopping and empty: the worker exits.
+    pub(crate) fn next_batch(&self, worker: usize) -> Option<Vec<Pending>> {
+        let mut state = self.lock();
+        state.running[worker] = None;
+        state.idle_workers += 1;
+        loop {
+            if let Some(batch) = state.ready.pop_front() {
+                state.ready_requests -= batch.len();
+                state.idle_workers -= 1;
+                state.running[worker] = Some(Instant::now());
+                return Some(batch);
+            }
+            if state.stopping && state.queue.is_empty() {
+                state.idle_workers -= 1;
+                // The scheduler may be asleep with no timer: let it see that there is nothing left.
+                self.control.notify_all();
+                return None;
+            }
+            // Trigger 2 of `cut`: free now, take what is queued without waiting for the scheduler thread.
+            if self.cut(&mut state, Instant::now()).is_some() {
+                // The policy waits (a queue delay): the scheduler's timer cuts the batch when it is due.
+                self.control.notify_all();
+            }
+            if !state.ready.is_empty() {
+                continue;
+            }
+            state = self.work_ready.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// The scheduler thread: answers deadlines on time and cuts the batches that waited for a queue delay.
+    pub(crate) fn run_timer(&self) {
+        let mut state = self.lock();
+        loop {
+            let now = Instant::now();
+            // Deadlines fire on time, also for requests in a batch that waits for a busy worker.
+            drop_dead_requests(&mut state.queue, now);
+            for batch in state.ready.iter_mut() {
+                drop_dead_requests(batch, now);
+            }
+            state.ready.retain(|batch| !batch.is_empty());
+            state.ready_requests = state.ready.iter().map(Vec::len).sum();
+            if state.stopping && state.queue.is_empty() {
+                break;
+            }
+            let mut wake_at = state.queue.iter().chain(state.ready.iter().flatten()).filter_map(|p| p.deadline).min();
+            // Trigger 3 of `cut`.
+            if let Some(t) = self.cut(&mut state, now) {
+                wake_at = Some(wake_at.map_or(t, |w| w.min(t)));
+            }
+            state = match wake_at {
+                Some(t) => {
+                    let wait = t.saturating_duration_since(now);
+                    self.control.wait_timeout(state, wait).unwrap_or_else(PoisonError::into_inner).0
+                }
+                None => self.control.wait(state).unwrap_or_else(PoisonError::into_inner),
+            };
+        }
+        drop(state);
+        self.work_ready.notify_all();
+    }
+
+    /// Draining: from now on batches are cut without waiting for a fuller one.
+    pub(crate) fn flush(&self) {
+        self.lock().flush = true;
+        self.control.notify_all();
+    }
+
+    /// No new requests; the threads finish what is queued and exit.
+    pub(crate) fn begin_stop(&self) {
+        let mut state = self.lock();
+        state.stopping = true;
+        state.flush = true;
+        drop(state);
+        self.control.notify_all();
+        self.work_ready.notify_all();
+    }
+
+    /// [`Queue::begin_stop`], then waits up to `timeout` for every thread to exit; if they do not, answers what is
+    /// still queued with [`BatchError::Unavailable`]. True if they did.
+    pub(crate) fn stop(&self, timeout: Duration) -> bool {
+        self.begin_stop();
+        let give_up = Instant::now() + timeout;
+        let mut state = self.lock();
+        while state.live_threads > 0 {
+            let now = Instant::now();
+            if now >= give_up {
+                let mut left: Vec<Pending> = state.queue.drain(..).collect();
+                left.extend(state.ready.drain(..).flatten());
+                state.ready_requests = 0;
+                drop(state);
+                for p in left {
+                    let _ = p.reply.send(Err(BatchError::Unavailable(self.model.name.clone())));
+                }
+                return false;
+            }
+            state = self.control.wait_timeout(state, give_up - now).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        true
+    }
+
+    /// Requests (or pieces) waiting for a worker: queued, or in a batch that has not started.
+    pub(crate) fn depth(&self) -> usize {
+        let state = self.lock();
+        state.queue.len() + state.ready_requests
+    }
+
+    /// How long the longest-running batch has run so far, if a worker is running one.
+    pub(crate) fn longest_running(&self) -> Option<Duration> {
+        self.lock().running.iter().flatten().min().map(Instant::elapsed)
+    }
+}
+
+/// Splits `rows` into pieces of at most `max` rows.
+pub(crate) fn piece_rows(rows: usize, max: usize) -> Vec<usize> {
+    let mut counts = vec![max; rows / max];
+    if !rows.is_multiple_of(max) {
+        counts.push(rows % max);
+    }
+    counts
+}
+
+/// Removes the requests whose client went away, and answers those past their deadline.
+pub(crate) fn drop_dead_requests<C>(requests: &mut C, now: Instant)
+where
+    C: Default + IntoIterator<Item = Pending> + FromIterator<Pending>,
+    for<'a> &'a C: IntoIterator<Item = &'a Pending>,
+{
+    if (&*requests).into_iter().any(|p| p.abandoned() || p.expired(now)) {
+        *requests = std::mem::take(requests).into_iter().filter_map(|p| answer_if_dead(p, now)).collect();
+    }
+}
+
+fn answer_if_dead(p: Pending, now: Instant) -> Option<Pending> {
+    if p.abandoned() {
+        None
+    } else if p.expired(now) {
+        tracing::debug!(parent: &p.span, "the deadline passed in the queue");
+        let _ = p.reply.send(Err(BatchError::DeadlineExceeded));
+        None
+    } else {
+        Some(p)
+    }
+}
+
+/// Removes the requests at `positions` (ascending) from the queue, in order.
+fn take_positions(queue: &mut VecDeque<Pending>, positions: &[usize]) -> Vec<Pending> {
+    let mut taken = Vec::with_capacity(positions.len());
+    let mut kept = VecDeque::with_capacity(queue.len().saturating_sub(positions.len()));
+    let mut next = positions.iter().peekable();
+    for (i, p) in queue.drain(..).enumerate() {
+        if next.peek() == Some(&&i) {
+            next.next();
+            taken.push(p);
+        } else {
+            kept.push_back(p);
+        }
+    }
+    *queue = kept;
+    taken
+}

@@ -1,0 +1,116 @@
+//! What callers hand the batcher and get back: requests, answers, errors, and the observer told what happens.
+
+use std::time::{Duration, Instant};
+
+use inferd_core::Tensor;
+
+/// One request's inputs. They fit the model's specs (data types, ranks, fixed dimensions): the caller checks
+/// them, as the server's codec does while decoding. The batcher checks only what it needs to batch them.
+#[derive(Debug)]
+pub enum Inputs {
+    /// Inputs in the order of the model's metadata, all with the same rows along dim 0. A request with more rows
+    /// than `max_batch_size` is split, and its pieces batched separately. With `max_batch_size = 0` the tensors
+    /// run as they are, each request alone.
+    Rows(Vec<Tensor>),
+    /// A text model's sequences: for each, its token inputs in the order of the model's metadata, each
+    /// `[rows, seq]` with its own `seq`. Each is queued on its own, so that the policy can batch it with
+    /// sequences of a similar length; the outputs come back in order.
+    Sequences(Vec<Vec<Tensor>>),
+}
+
+/// One request.
+///
+/// The batcher does not check the inputs' data types and shapes against the model's specs again: the caller
+/// gives inputs that fit them. It refuses only what would stop it from batching: a wrong number of inputs,
+/// inputs whose rows disagree, no rows, and (text models) token inputs that are not `[rows, seq]` of one `seq`.
+/// Anything else that does not fit is the engine's to refuse, and failure isolation answers that refusal to
+/// this request alone.
+#[derive(Debug)]
+pub struct InferRequest {
+    pub inputs: Inputs,
+    /// The latest instant the request may start running; it is answered [`BatchError::DeadlineExceeded`] after.
+    pub deadline: Option<Instant>,
+    /// The request's span (its request id, for one): the worker thread logs what happens to the request in it,
+    /// and the span of the batch that runs it follows from it.
+    pub span: tracing::Span,
+}
+
+impl InferRequest {
+    /// A request with no deadline, in the current span.
+    pub fn new(inputs: Vec<Tensor>) -> Self {
+        InferRequest { inputs: Inputs::Rows(inputs), deadline: None, span: tracing::Span::current() }
+    }
+
+    /// A text model's request of one or more sequences, with no deadline, in the current span.
+    pub fn sequences(sequences: Vec<Vec<Tensor>>) -> Self {
+        InferRequest { inputs: Inputs::Sequences(sequences), deadline: None, span: tracing::Span::current() }
+    }
+
+    pub fn with_deadline(mut self, deadline: Option<Instant>) -> Self {
+        self.deadline = deadline;
+        self
+    }
+}
+
+/// The answer to one request.
+#[derive(Debug)]
+pub struct InferResponse {
+    /// Outputs in the order of the model's metadata, with the request's rows.
+    pub outputs: Vec<Tensor>,
+    /// Rows in the largest batch that served this request (its own rows included).
+    pub batch_rows: usize,
+    /// Time spent queued before the batch started (the longest, for a split request).
+    pub queue_time: Duration,
+    /// Time the engine spent on the batch(es) that served this request.
+    pub compute_time: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BatchError {
+    /// The model's queue holds `max_queue_size` requests already.
+    #[error("the queue of model `{model}` is full ({max_queue_size} requests); retry later")]
+    QueueFull { model: String, max_queue_size: usize },
+    /// The model no longer takes requests (the server is shutting down).
+    #[error("model `{0}` is not taking requests: the server is shutting down")]
+    Unavailable(String),
+    /// The request's deadline passed while it was queued.
+    #[error("the request waited in the queue past its deadline")]
+    DeadlineExceeded,
+    /// The request cannot be batched as sent, or the engine refused its input as invalid: the client's fault.
+    #[error("{0}")]
+    InvalidInput(String),
+    /// The engine failed (or panicked) on the batch that held this request.
+    #[error("{0}")]
+    Engine(String),
+}
+
+/// Told what the batcher does: the one source of its counts, from which the server feeds both `/health` and
+/// `/metrics` without this crate knowing either. Each event is reported once, where it happens; the methods are
+/// called on the batcher's threads (and `request_queued` on the caller's), so they must be quick.
+pub trait BatchObserver: Send + Sync {
+    /// A request entered the queue, which now holds `depth` requests (or pieces of requests) waiting for a
+    /// worker. Called once per request, however many pieces it was split into, on the caller's thread; nothing
+    /// by default.
+    fn request_queued(&self, depth: usize) {
+        let _ = depth;
+    }
+    /// A request's batch starts, after `queue_time` in the queue: once for each piece of a split request.
+    fn request_started(&self, queue_time: Duration);
+    /// One engine run of `rows` rows took `compute_time`; `ok` is false when the engine failed or panicked, or
+    /// its outputs did not fit the model. Called once per run, also for the reruns that isolate a failure.
+    fn batch_done(&self, rows: usize, compute_time: Duration, ok: bool);
+    /// A text batch is about to run: `real` tokens, padded to `padded`. Once per run; nothing by default.
+    fn tokens_batched(&self, real: usize, padded: usize) {
+        let _ = (real, padded);
+    }
+}
+
+/// An observer for callers that count nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoObserver;
+
+impl BatchObserver for NoObserver {
+    fn request_started(&self, _queue_time: Duration) {}
+
+    fn batch_done(&self, _rows: usize, _compute_time: Duration, _ok: bool) {}
+}

@@ -1,0 +1,225 @@
+//! The worker threads: each owns one engine and runs the batches the queue cuts for it, isolating the requests
+//! that make a batch fail, and checks and splits the engine's outputs back into the requests' answers.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Instant;
+
+use inferd_core::{Engine, Tensor};
+
+use crate::queue::{drop_dead_requests, Pending, Queue};
+use crate::request::{BatchError, BatchObserver, InferResponse};
+
+/// One worker; everything here is owned by its thread.
+pub(crate) struct Worker {
+    /// Its slot in the queue's record of running batches.
+    index: usize,
+    /// Shared with the handles, the scheduler and the other workers; batches come from here.
+    queue: Arc<Queue>,
+    /// Shared with the handles and the other workers; told of every batch this worker runs.
+    observer: Arc<dyn BatchObserver>,
+    /// Used by this thread alone, which is why `Engine::run` may take `&mut self`.
+    engine: Box<dyn Engine>,
+}
+
+impl Worker {
+    pub(crate) fn new(
+        index: usize,
+        queue: Arc<Queue>,
+        observer: Arc<dyn BatchObserver>,
+        engine: Box<dyn Engine>,
+    ) -> Self {
+        Worker { index, queue, observer, engine }
+    }
+
+    /// The thread's body: runs a batch whenever one is cut for it, until the queue stops.
+    pub(crate) fn run(mut self) {
+        while let Some(batch) = self.queue.next_batch(self.index) {
+            self.run_batch(batch);
+        }
+    }
+
+    fn run_batch(&mut self, mut batch: Vec<Pending>) {
+        let started = Instant::now();
+        drop_dead_requests(&mut batch, started);
+        if batch.is_empty() {
+            return;
+        }
+        let rows: usize = batch.iter().map(|p| p.rows).sum();
+        let span =
+            tracing::debug_span!(parent: None, "batch", model = %self.queue.model.name, rows, requests = batch.len());
+        for p in &batch {
+            span.follows_from(&p.span);
+        }
+        let _entered = span.enter();
+        for p in &batch {
+            self.observer.request_started(started.saturating_duration_since(p.enqueued_at));
+        }
+        self.run_isolating(batch, started);
+    }
+
+    /// Runs `batch` and answers its requests. A batch that fails while holding more than one request runs again
+    /// in halves, and those in halves, so that only the requests that make the engine fail (an input it refuses,
+    /// a panic) get its error, and the others their outputs: a poisoned request costs about 2·log2(n) runs of
+    /// smaller batches, never its neighbours' answers.
+    fn run_isolating(&mut self, mut batch: Vec<Pending>, started: Instant) {
+        let ran = Instant::now();
+        let rows: usize = batch.iter().map(|p| p.rows).sum();
+        let result = self.execute(&batch);
+        let compute_time = ran.elapsed();
+        let name = &self.queue.model.name;
+        match result {
+            Ok(per_request) => {
+                for (p, outputs) in batch.into_iter().zip(per_request) {
+                    let queue_time = started.saturating_duration_since(p.enqueued_at);
+                    tracing::debug!(
+                        parent: &p.span,
+                        model = %name,
+                        batch_rows = rows,
+                        queue_us = queue_time.as_micros() as u64,
+                        compute_us = compute_time.as_micros() as u64,
+                        "served"
+                    );
+                    let _ = p.reply.send(Ok(InferResponse { outputs, batch_rows: rows, queue_time, compute_time }));
+                }
+            }
+            Err(error) if batch.len() == 1 => {
+                for p in batch {
+                    tracing::warn!(parent: &p.span, model = %name, %error, "the request failed");
+                    let _ = p.reply.send(Err(error.clone()));
+                }
+            }
+            Err(error) => {
+                tracing::warn!(
+                    model = %name,
+                    rows,
+                    requests = batch.len(),
+                    %error,
+                    "batch failed: running its halves apart, to fail only the requests that cause it"
+                );
+                // Requests whose client has gone are not run again.
+                batch.retain(|p| !p.abandoned());
+                if batch.len() < 2 {
+                    if !batch.is_empty() {
+                        self.run_isolating(batch, started);
+                    }
+                    return;
+                }
+                let second = batch.split_off(batch.len() / 2);
+                self.run_isolating(batch, started);
+                self.run_isolating(second, started);
+            }
+        }
+    }
+
+    /// One engine run over the batch's joined inputs, reported to the observer; returns each request's outputs.
+    fn execute(&mut self, batch: &[Pending]) -> Result<Vec<Vec<Tensor>>, BatchError> {
+        let started = Instant::now();
+        let counts: Vec<usize> = batch.iter().map(|p| p.rows).collect();
+        let rows: usize = counts.iter().sum();
+        let sequences = self.queue.model.sequences;
+        if sequences {
+            let real: usize = batch.iter().map(|p| p.rows * p.seq_len).sum();
+            let padded = rows * batch.iter().map(|p| p.seq_len).max().unwrap_or(0);
+            self.observer.tokens_batched(real, padded);
+        }
+        let result = match batch {
+            [one] => run_engine(self.engine.as_mut(), &one.inputs),
+            _ => concat_inputs(batch, sequences).and_then(|inputs| run_engine(self.engine.as_mut(), &inputs)),
+        };
+        let compute_time = started.elapsed();
+        let result = result.and_then(|outputs| self.split_outputs(outputs, rows, &counts));
+        self.observer.batch_done(rows, compute_time, result.is_ok());
+        result
+    }
+
+    /// Checks the engine's outputs against the model's, and splits each back into the requests' rows:
+    /// `result[request][output]`.
+    fn split_outputs(
+        &self,
+        outputs: Vec<Tensor>,
+        rows: usize,
+        counts: &[usize],
+    ) -> Result<Vec<Vec<Tensor>>, BatchError> {
+        let model = &self.queue.model;
+        let specs = &model.metadata.outputs;
+        if outputs.len() != specs.len() {
+            return Err(BatchError::Engine(format!(
+                "the engine returned {} outputs, expected {}",
+                outputs.len(),
+                specs.len()
+            )));
+        }
+        for (output, spec) in outputs.iter().zip(specs) {
+            // The batch dimension is the batch's rows whatever the graph declares; the others are the model's.
+            let fits = output.dtype() == spec.datatype
+                && match model.unbatched {
+                    true => spec.accepts(output.shape()),
+                    false => {
+                        output.shape().len() == spec.shape.len()
+                            && output.rows() == rows
+                            && spec
+                                .row_dims()
+                                .iter()
+                                .zip(output.shape().get(1..).unwrap_or(&[]))
+                                .all(|(&d, &n)| d < 0 || d as usize == n)
+                    }
+                };
+            if !fits {
+                return Err(BatchError::Engine(format!(
+                    "the engine returned output `{}` as {} {:?} for a batch of {rows}; the model declares {} {:?}",
+                    spec.name,
+                    output.dtype(),
+                    output.shape(),
+                    spec.datatype,
+                    spec.shape
+                )));
+            }
+        }
+        if model.unbatched {
+            // One request, whose outputs are the engine's as they are.
+            return Ok(vec![outputs]);
+        }
+        let mut per_request: Vec<Vec<Tensor>> = counts.iter().map(|_| Vec::with_capacity(outputs.len())).collect();
+        for output in outputs {
+            let pieces = output.split_rows(counts).map_err(|e| BatchError::Engine(e.to_string()))?;
+            for (request, piece) in per_request.iter_mut().zip(pieces) {
+                request.push(piece);
+            }
+        }
+        Ok(per_request)
+    }
+}
+
+/// Joins the batch's inputs along dim 0; token sequences are padded with zeros to the batch's longest.
+fn concat_inputs(batch: &[Pending], sequences: bool) -> Result<Vec<Tensor>, BatchError> {
+    let n = batch.first().map_or(0, |p| p.inputs.len());
+    (0..n)
+        .map(|i| {
+            let parts: Vec<&Tensor> = batch.iter().map(|p| &p.inputs[i]).collect();
+            let joined = if sequences { Tensor::concat_rows_padded(&parts) } else { Tensor::concat_rows(&parts) };
+            joined.map_err(|e| BatchError::Engine(format!("batching inputs: {e}")))
+        })
+        .collect()
+}
+
+/// Runs the engine. An input the engine refuses as invalid is the client's fault; any other error, or a panic,
+/// is the engine's.
+fn run_engine(engine: &mut dyn Engine, inputs: &[Tensor]) -> Result<Vec<Tensor>, BatchError> {
+    let failed = |message: String| BatchError::Engine(message);
+    match catch_unwind(AssertUnwindSafe(|| engine.run(inputs))) {
+        Ok(Ok(outputs)) => Ok(outputs),
+        Ok(Err(inferd_core::Error::InvalidInput(m))) => {
+            Err(BatchError::InvalidInput(format!("the engine refused the input: {m}")))
+        }
+        Ok(Err(e)) => Err(failed(format!("the engine failed: {e}"))),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown cause".into());
+            Err(failed(format!("the engine panicked: {what}")))
+        }
+    }
+}
