@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use inferd_batcher::policy::{decide, Candidate, Policy};
+use inferd_codec::Limits;
 use inferd_core::{BatchingConfig, DataType, ModelMetadata, Precision, Tensor, TensorSpec};
-use inferd_server::codec::Limits;
 
 fn batching_policy(c: &mut Criterion) {
     let policy = Policy::from_config(&BatchingConfig { max_queue_delay_us: 1_000, ..BatchingConfig::default() }, false);
@@ -36,7 +36,7 @@ fn json_decode(c: &mut Criterion) {
         let body = format!("{{\"input\": [{}]}}", vec![format!("[{}]", row.join(",")); rows].join(","));
         let specs = spec(cols);
         c.bench_function(&format!("decode_predict/{rows}x{cols}_fp32"), |b| {
-            b.iter(|| inferd_server::codec::predict::decode_predict(black_box(body.as_bytes()), &specs, &Limits::NONE))
+            b.iter(|| inferd_codec::predict::decode_predict(black_box(body.as_bytes()), &specs, &Limits::NONE))
         });
     }
 }
@@ -61,9 +61,7 @@ fn binary_decode(c: &mut Criterion) {
         let mut body = header.clone().into_bytes();
         body.extend_from_slice(&data);
         c.bench_function(&format!("decode_infer_binary/{rows}x{cols}_fp32"), |b| {
-            b.iter(|| {
-                inferd_server::codec::v2::decode_infer(black_box(&body), Some(header.len()), &meta, &Limits::NONE)
-            })
+            b.iter(|| inferd_codec::v2::decode_infer(black_box(&body), Some(header.len()), &meta, &Limits::NONE))
         });
     }
 }

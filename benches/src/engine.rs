@@ -5,12 +5,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use inferd_batcher::Inputs;
 use inferd_core::{ModelConfig, ModelMetadata, Tensor};
-use inferd_onnx::OnnxSettings;
-use inferd_server::codec::Limits;
-use inferd_server::repository::{build_engine, EngineSettings};
-use inferd_server::text::{TextInput, TextJob, TextModel};
+use inferd_models::{build_engine, EngineSettings, Input, OnnxSettings, Request, TextInput, Texts};
 
 use crate::report::{EngineReport, Percentiles};
 
@@ -36,7 +32,7 @@ pub fn run(run: &EngineRun<'_>) -> anyhow::Result<Vec<EngineReport>> {
     let mut engine = build_engine(&config, &settings)?;
     let mut reports = Vec::new();
     let sequences = match engine.metadata().text {
-        Some(_) => Some(tokenize(engine.metadata())?),
+        Some(_) => Some(tokenize(&config, engine.metadata())?),
         None => None,
     };
     for &batch in run.batch_sizes {
@@ -79,16 +75,14 @@ pub fn run(run: &EngineRun<'_>) -> anyhow::Result<Vec<EngineReport>> {
     Ok(reports)
 }
 
-/// The text benchmark's sentences, tokenized as the server does: for each, its token inputs `[1, len]`.
-fn tokenize(metadata: &ModelMetadata) -> anyhow::Result<Vec<Vec<Tensor>>> {
-    let text = TextModel::load(metadata)?;
+/// The text benchmark's sentences, tokenized as the server does (its embed task): for each, its token inputs
+/// `[1, len]`.
+fn tokenize(config: &ModelConfig, metadata: &ModelMetadata) -> anyhow::Result<Vec<Vec<Tensor>>> {
+    let task = inferd_models::task::for_model(config, metadata)?;
     let texts = crate::texts::SENTENCES.iter().map(|s| (*s).to_owned()).collect();
-    let limits = Limits { max_elements: usize::MAX, max_rows: usize::MAX, max_json_depth: usize::MAX };
-    let prepared = text.prepare(TextJob::new(TextInput::Texts(texts)), &limits).map_err(|e| anyhow::anyhow!("{e}"))?;
-    match prepared.request.inputs {
-        Inputs::Sequences(sequences) => Ok(sequences),
-        Inputs::Rows(_) => anyhow::bail!("a text model's request holds sequences"),
-    }
+    let request = Request::new(Input::Text(TextInput::new(Texts::Strings(texts))));
+    let prepared = task.prepare(request, usize::MAX).map_err(|e| anyhow::anyhow!("{e}"))?;
+    prepared.into_sequences().ok_or_else(|| anyhow::anyhow!("a text model's request holds sequences"))
 }
 
 /// Batches of `batch` sentences, each padded to its longest, and their padding waste. The sentences go round the

@@ -3,9 +3,8 @@
 //! that would take the server past it is refused at once with a 503 and `Retry-After`, before the rest of its body
 //! is read; so however many connections send maximal bodies, what requests hold stays within the budget.
 //!
-//! The checkpoint reads each inference body through [`Budget::collect`], which holds what it reads; the inference
-//! path adds the decoded tensors with [`hold_more`], which finds the request's hold in a task-local: the handler
-//! runs inside the checkpoint's future.
+//! The checkpoint reads each inference body through [`Hold::collect`], which holds what it reads, and hands the
+//! request's [`Hold`] to its handler; the inference path adds the decoded tensors to it with [`Hold::take`].
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -38,11 +37,6 @@ pub struct Hold {
     permits: Arc<Semaphore>,
     total_bytes: usize,
     held: Mutex<Option<OwnedSemaphorePermit>>,
-}
-
-tokio::task_local! {
-    /// The hold of the request whose checkpoint runs this task.
-    static HOLD: Arc<Hold>;
 }
 
 impl Budget {
@@ -158,17 +152,6 @@ impl Hold {
         }
         Ok(Bytes::from(data))
     }
-
-    /// Runs `work` (the rest of the request) with this hold as the task's, for [`hold_more`].
-    pub async fn scope<F: std::future::Future>(self: Arc<Self>, work: F) -> F::Output {
-        HOLD.scope(self, work).await
-    }
-}
-
-/// Holds `bytes` more for the request this task serves (its decoded tensors), or refuses it. Outside a request
-/// with a hold (a test calling the inference path directly), nothing is counted.
-pub fn hold_more(bytes: usize) -> Result<(), AppError> {
-    HOLD.try_with(|hold| hold.take(bytes)).unwrap_or(Ok(()))
 }
 
 #[cfg(test)]

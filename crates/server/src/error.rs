@@ -1,10 +1,12 @@
 //! The HTTP layer's one error type, the one table from error kind to status code, and the error body every
 //! route answers with.
 
+use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use inferd_batcher::BatchError;
+use inferd_models::TaskError;
 use serde::Serialize;
 
 use crate::codec::CodecError;
@@ -76,6 +78,11 @@ impl AppError {
     pub fn status(&self) -> StatusCode {
         self.kind.status()
     }
+
+    /// The same error, its message saying which model it concerns.
+    pub fn in_model(self, model: &str) -> Self {
+        AppError { kind: self.kind, message: format!("model `{model}`: {}", self.message) }
+    }
 }
 
 impl From<CodecError> for AppError {
@@ -84,6 +91,17 @@ impl From<CodecError> for AppError {
             CodecError::Invalid(_) => ErrorKind::BadRequest,
             CodecError::OverLimit(_) => ErrorKind::PayloadTooLarge,
             CodecError::Encode(_) => ErrorKind::Internal,
+        };
+        AppError::new(kind, e.to_string())
+    }
+}
+
+impl From<TaskError> for AppError {
+    fn from(e: TaskError) -> Self {
+        let kind = match e {
+            TaskError::Invalid(_) => ErrorKind::BadRequest,
+            TaskError::OverLimit(_) => ErrorKind::PayloadTooLarge,
+            TaskError::Internal(_) => ErrorKind::Internal,
         };
         AppError::new(kind, e.to_string())
     }
@@ -98,6 +116,18 @@ impl From<BatchError> for AppError {
             BatchError::Engine(_) => ErrorKind::Internal,
         };
         AppError::new(kind, e.to_string())
+    }
+}
+
+/// The error of a body that could not be read: too large, or cut off.
+pub fn body_error(rejection: BytesRejection) -> AppError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        AppError::new(
+            ErrorKind::PayloadTooLarge,
+            "the request body is larger than this server takes (--max-body-bytes)",
+        )
+    } else {
+        AppError::bad_request(rejection.body_text())
     }
 }
 

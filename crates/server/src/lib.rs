@@ -2,8 +2,10 @@
 //!
 //! [`Server::serve`] is the whole server over a listener the caller bound, stopping when a future resolves;
 //! `main` adds only the command line, telemetry and the signals. Inside, by job: [`app`] assembles the routes of
-//! each protocol ([`routes`]) behind one checkpoint; every protocol runs inference through [`infer`], which
-//! reads the shared [`state`] and the wire formats of [`codec`], and queues with the batcher.
+//! each protocol ([`routes`]) behind one checkpoint, which resolves each request's model once ([`request`]); a
+//! route decodes its wire format ([`codec`]), calls the operation it serves ([`ops`]: inference through the
+//! model's task and batcher, metadata, the repository), and encodes the answer. The [`registry`] alone owns the
+//! models' states; [`inferd_models`] finds, loads and runs them below HTTP.
 
 pub mod app;
 pub mod budget;
@@ -13,20 +15,21 @@ pub mod drain;
 pub mod error;
 pub mod gpu;
 mod healthcheck;
-pub mod infer;
 pub mod metrics;
+pub mod ops;
 pub mod registry;
-pub mod repository;
+pub mod request;
 pub mod routes;
 pub mod state;
-pub mod text;
+#[cfg(test)]
+mod testing;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use inferd_onnx::OnnxSettings;
+use inferd_models::OnnxSettings;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
@@ -34,16 +37,19 @@ pub use app::{app, REQUEST_ID_HEADER};
 pub use config::{Cli, Command, HealthcheckConfig, LogFormat, Secret, ServeConfig};
 pub use gpu::{FakeGpuProbe, GpuInfo, GpuProbe, NoGpu, NvmlProbe};
 pub use healthcheck::healthcheck;
-pub use infer::{BATCH_SIZE_HEADER, COMPUTE_TIME_HEADER, QUEUE_TIME_HEADER};
 /// The wire formats, from their own crate (so that fuzzing them builds none of the server).
 pub use inferd_codec as codec;
-pub use repository::EngineBuilder;
+pub use inferd_models::EngineBuilder;
+pub use ops::infer::{BATCH_SIZE_HEADER, COMPUTE_TIME_HEADER, QUEUE_TIME_HEADER};
 pub use routes::predict::TIMEOUT_HEADER;
 pub use state::AppState;
 
+use inferd_core::{Backend, ModelConfig};
+use inferd_models::{Defaults, EngineSettings, Repository};
+
 use crate::gpu::GpuMonitor;
-use crate::registry::{Model, Registry};
-use crate::repository::{EngineSettings, Repository};
+use crate::metrics::Metrics;
+use crate::registry::{ModelEntry, Registry};
 
 /// The server, built from its configuration; [`Server::serve`] runs it.
 pub struct Server {
@@ -81,15 +87,24 @@ impl Server {
         let config = self.config;
         let open_files = connections::raise_open_files_limit();
         let connection_settings = config.connections(open_files);
-        let repository_dir = config.repository();
-        let repository =
-            Repository::open(&repository_dir, config.default_model.as_deref(), config.default_embed_model.as_deref())?;
-        let settings = engine_settings(&config, &repository, self.engine_builder);
+        let repository = Repository::new(config.repository());
+        let configs = repository.discover()?;
+        let defaults = Defaults::choose(
+            &configs,
+            config.default_model.as_deref(),
+            config.default_embed_model.as_deref(),
+            &repository,
+        )?;
+        let settings = engine_settings(&config, &configs, self.engine_builder);
         let gpu = GpuMonitor::new(self.gpu_probe.unwrap_or_else(gpu::system_probe));
         gpu.refresh().await;
-        let count = repository.models.len();
-        let registry = Registry::new(repository_dir.clone(), repository.models);
-        let state = AppState::new(&config, registry, repository.defaults, settings, gpu.clone())?;
+        let count = configs.len();
+        let mut names: Vec<&str> = configs.iter().map(|c| c.name.as_str()).collect();
+        names.dedup();
+        let metrics = Arc::new(Metrics::new(&names));
+        let repository_dir = repository.dir().to_path_buf();
+        let registry = Registry::new(repository, configs, settings, metrics.clone());
+        let state = AppState::new(&config, registry, defaults, metrics, gpu.clone())?;
         let background = Background::start(&state, gpu, Duration::from_millis(config.gpu_refresh_ms));
         load_in_background(&state);
 
@@ -105,7 +120,7 @@ impl Server {
         let drain = state.drain().clone();
         let flush = {
             let state = state.clone();
-            move || state.models().iter().filter_map(|m| m.batcher()).for_each(|b| b.flush())
+            move || state.models().iter().filter_map(|m| m.loaded()).for_each(|m| m.batcher.flush())
         };
         let closing = drain.clone().until_closing(shutdown, flush);
         let server =
@@ -123,9 +138,10 @@ impl Server {
 
 /// What the engines need from the configuration: the ONNX Runtime library, its threads (the cores shared by
 /// the ONNX instances unless `--intra-op-threads` says), the default precision.
-fn engine_settings(config: &ServeConfig, repository: &Repository, builder: Option<EngineBuilder>) -> EngineSettings {
+fn engine_settings(config: &ServeConfig, models: &[ModelConfig], builder: Option<EngineBuilder>) -> EngineSettings {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let onnx_instances = repository.onnx_instances().max(1);
+    let onnx_instances =
+        models.iter().filter(|m| m.backend == Backend::Onnx).map(|m| m.instances).sum::<usize>().max(1);
     EngineSettings {
         onnx: OnnxSettings {
             library: config.onnxruntime_lib.clone(),
@@ -145,12 +161,7 @@ fn load_in_background(state: &AppState) {
     let control = state.registry().try_control();
     tokio::task::spawn_blocking(move || {
         let _control = control;
-        repository::load_all(
-            &state.models(),
-            state.engine_settings(),
-            |name| state.metrics().batch_observer(name),
-            || state.drain().is_draining(),
-        );
+        state.registry().load_all(|| state.drain().is_draining());
     });
 }
 
@@ -168,7 +179,7 @@ impl Background {
             loop {
                 ticks.tick().await;
                 state.metrics().upkeep();
-                state.watch_stalls();
+                state.stalls().watch(&state.models());
             }
         });
         Background(vec![refresher, upkeep])
@@ -182,11 +193,11 @@ impl Drop for Background {
 }
 
 /// Stops every model's batcher: what is still queued was abandoned by its handlers (or answered 503).
-async fn stop_batchers(models: Vec<Arc<Model>>) {
+async fn stop_batchers(models: Vec<Arc<ModelEntry>>) {
     let stopped = tokio::task::spawn_blocking(move || {
         for model in &models {
-            if let Some(b) = model.batcher() {
-                if !b.stop(Duration::from_secs(1)) {
+            if let Some(loaded) = model.loaded() {
+                if !loaded.batcher.stop(Duration::from_secs(1)) {
                     tracing::warn!(model = model.name(), "a worker is still busy at exit");
                 }
             }

@@ -3,6 +3,7 @@
 //! reads zero before the first request instead of being missing.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, SharedS
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
 use crate::gpu::GpuInfo;
-use crate::registry::Model;
+use crate::registry::ModelEntry;
 
 /// The metric names, with Prometheus unit suffixes.
 pub mod names {
@@ -238,25 +239,26 @@ impl Metrics {
         self.handle.run_upkeep();
     }
 
-    /// What `model`'s batcher reports into.
-    pub fn batch_observer(&self, model: &str) -> Arc<dyn BatchObserver> {
+    /// What one version of `model`'s batcher reports into: the model's series, and the version's own counts.
+    pub fn batch_metrics(&self, model: &str) -> Arc<BatchMetrics> {
         let m = || vec![Label::new("model", model.to_owned())];
-        Arc::new(ModelBatchMetrics {
+        Arc::new(BatchMetrics {
             queue: self.histogram(names::QUEUE_DURATION, m()),
             compute: self.histogram(names::COMPUTE_DURATION, m()),
             rows: self.histogram(names::BATCH_SIZE, m()),
             failures: self.counter(names::BATCH_FAILURES, m()),
             tokens: self.counter(names::BATCH_TOKENS, m()),
             padded_tokens: self.counter(names::BATCH_PADDED_TOKENS, m()),
+            counts: BatchCounts::default(),
         })
     }
 
     /// The exposition text, with the gauges read now: queue depths, readiness, the GPU snapshot, resident memory.
-    pub fn render(&self, models: &[Arc<Model>], gpus: &[GpuInfo]) -> String {
+    pub fn render(&self, models: &[Arc<ModelEntry>], gpus: &[GpuInfo]) -> String {
         // A model's versions share its series: their queues add up, and it is ready if one of them is.
         let mut by_name: Vec<(&str, usize, bool)> = Vec::new();
         for model in models {
-            let batcher = model.batcher();
+            let batcher = model.loaded().map(|m| &m.batcher);
             let depth = batcher.map_or(0, |b| b.queue_depth());
             match by_name.last_mut() {
                 Some((name, queued, ready)) if *name == model.name() => {
@@ -290,25 +292,44 @@ impl Metrics {
     }
 }
 
-/// One model's batch-side series, fed from its worker threads.
-struct ModelBatchMetrics {
+/// One model version's batch-side figures, fed by its batcher from the worker threads: the model's Prometheus
+/// series (which its versions share), and the version's own counts, which `/health` shows. The one place these
+/// events are counted.
+pub struct BatchMetrics {
     queue: Histogram,
     compute: Histogram,
     rows: Histogram,
     failures: Counter,
     tokens: Counter,
     padded_tokens: Counter,
+    pub counts: BatchCounts,
 }
 
-impl BatchObserver for ModelBatchMetrics {
+/// One model version's counts since it loaded.
+#[derive(Debug, Default)]
+pub struct BatchCounts {
+    pub requests: AtomicU64,
+    pub batches: AtomicU64,
+    pub rows: AtomicU64,
+    pub failed_batches: AtomicU64,
+}
+
+impl BatchObserver for BatchMetrics {
+    fn request_queued(&self, _depth: usize) {
+        self.counts.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn request_started(&self, queue_time: Duration) {
         self.queue.record(queue_time.as_secs_f64());
     }
 
     fn batch_done(&self, rows: usize, compute_time: Duration, ok: bool) {
+        self.counts.batches.fetch_add(1, Ordering::Relaxed);
+        self.counts.rows.fetch_add(rows as u64, Ordering::Relaxed);
         self.rows.record(rows as f64);
         self.compute.record(compute_time.as_secs_f64());
         if !ok {
+            self.counts.failed_batches.fetch_add(1, Ordering::Relaxed);
             self.failures.increment(1);
         }
     }

@@ -1,12 +1,12 @@
-//! The checkpoint every routed request passes, as one layer: the API key (on protected routes), the overall
-//! timeout, the end of the drain, and the request metrics of inference routes. One layer rather than one per
-//! concern: each layer costs every request a clone of the route it wraps.
+//! The checkpoint every routed request passes, as one layer: the model the route names, resolved once (see
+//! [`crate::request`]); the API key (on protected routes); the overall timeout; the end of the drain; the
+//! in-flight budget and the request metrics of inference routes. One layer rather than one per concern: each
+//! layer costs every request a clone of the route it wraps.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{FromRequestParts, RawPathParams, Request, State};
+use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -14,92 +14,94 @@ use subtle::ConstantTimeEq;
 
 use crate::error::{AppError, ErrorKind};
 use crate::metrics::Protocol;
-use crate::routes::openai::ServedModel;
+use crate::request::{self, ModelFrom, ServedModel};
 use crate::state::AppState;
 
-/// What the checkpoint knows of the routes it guards.
+/// The checkpoint of a group of routes.
 #[derive(Clone)]
 pub struct Checkpoint {
     pub state: AppState,
+    pub guard: Guard,
+}
+
+/// What the checkpoint does for the routes it guards.
+#[derive(Clone, Copy)]
+pub struct Guard {
     /// The routes need an API key, when the server has any.
     pub protected: bool,
-    /// Set on inference routes: their requests are counted in the metrics.
-    pub inference: Option<InferenceRoute>,
+    /// Where the routes name their model, when they do: it is resolved here, once.
+    pub model: Option<ModelFrom>,
+    /// Set on inference routes: their bodies count against the in-flight budget, and their requests in the
+    /// metrics under this protocol. Where `model` is `None` the body names the model, and the handler sets
+    /// [`ServedModel`] on its response.
+    pub protocol: Option<Protocol>,
+    /// How the routes' clients expect an error the checkpoint answers itself.
+    pub refuse: fn(AppError) -> Response,
 }
 
-/// An inference route's protocol, and where it names its model.
-#[derive(Clone, Copy)]
-pub struct InferenceRoute {
-    pub protocol: Protocol,
-    pub model: ModelFrom,
+impl Guard {
+    /// Open routes that name no model.
+    pub const OPEN: Guard = Guard { protected: false, model: None, protocol: None, refuse: plain };
 }
 
-/// Where an inference route names its model.
-#[derive(Clone, Copy)]
-pub enum ModelFrom {
-    /// The route serves the default model.
-    Default,
-    /// The route serves the default text model.
-    DefaultEmbed,
-    /// This path parameter.
-    Path(&'static str),
-    /// The body: the handler sets [`ServedModel`] on its response. Such requests have no in-flight gauge.
-    Body,
+fn plain(e: AppError) -> Response {
+    e.into_response()
 }
 
 /// The checkpoint as an axum middleware function.
 pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: Next) -> Response {
-    let state = &checkpoint.state;
-    let (labels, request) = match checkpoint.inference {
-        None => (None, request),
-        Some(route) => {
-            let (mut parts, body) = request.into_parts();
-            let model = model_label(state, route, &mut parts).await;
-            (Some((model, route.protocol)), Request::from_parts(parts, body))
-        }
+    let Checkpoint { state, guard } = &checkpoint;
+    let (mut parts, body) = request.into_parts();
+    let label = match guard.model {
+        Some(from) => request::resolve(state, from, &mut parts).await,
+        None => None,
     };
     let metrics = state.metrics();
-    let body_named = matches!(checkpoint.inference, Some(InferenceRoute { model: ModelFrom::Body, .. }));
-    let in_flight = labels
-        .as_ref()
-        .filter(|_| !body_named)
-        .map(|(model, protocol)| Held::new(metrics.in_flight(model.as_deref().unwrap_or_default(), *protocol)));
+    let counted = guard.protocol.map(|protocol| (protocol, guard.model.is_some()));
+    let in_flight = match counted {
+        Some((protocol, true)) => Some(Held::new(metrics.in_flight(label.as_deref().unwrap_or_default(), protocol))),
+        _ => None,
+    };
     let started = Instant::now();
-    let response = match checkpoint.protected.then(|| authorize(state, &request)) {
-        Some(Err(refused)) => refused.into_response(),
+    let response = match guard.protected.then(|| authorize(state, &parts)) {
+        Some(Err(refused)) => (guard.refuse)(refused),
         _ => {
             let timeout = state.request_timeout();
             let served = async {
-                if checkpoint.inference.is_none() {
-                    return next.run(request).await;
+                if guard.protocol.is_none() {
+                    return next.run(Request::from_parts(parts, body)).await;
                 }
                 // An inference request's body and tensors count against the in-flight budget until it is answered.
                 let hold = state.budget().hold();
-                let (parts, body) = request.into_parts();
                 match hold.collect(&parts.headers, body, state.max_body_bytes()).await {
-                    Ok(bytes) => hold.scope(next.run(Request::from_parts(parts, Body::from(bytes)))).await,
-                    Err(refused) => refused.into_response(),
+                    Ok(bytes) => {
+                        parts.extensions.insert(hold.clone());
+                        next.run(Request::from_parts(parts, Body::from(bytes))).await
+                    }
+                    Err(refused) => (guard.refuse)(refused),
                 }
             };
             tokio::select! {
                 response = served => response,
-                () = tokio::time::sleep(timeout) => AppError::unavailable(format!(
+                () = tokio::time::sleep(timeout) => (guard.refuse)(AppError::unavailable(format!(
                     "the request took longer than {} s (--request-timeout)", timeout.as_secs_f64()
-                )).into_response(),
-                () = state.drain().expired() => {
-                    AppError::unavailable("the server shut down before the request finished (--drain-timeout)")
-                        .into_response()
-                }
+                ))),
+                () = state.drain().expired() => (guard.refuse)(AppError::unavailable(
+                    "the server shut down before the request finished (--drain-timeout)"
+                )),
             }
         }
     };
     drop(in_flight);
-    if let Some((mut model, protocol)) = labels {
-        if body_named {
-            model = response.extensions().get::<ServedModel>().and_then(|m| state.find(&m.0)).map(|m| m.label());
-        }
-        let model = model.as_deref().unwrap_or_default();
-        metrics.request_done(model, protocol, response.status().as_u16(), started.elapsed());
+    if let Some((protocol, named_by_route)) = counted {
+        let label =
+            if named_by_route { label } else { response.extensions().get::<ServedModel>().map(|m| m.0.clone()) };
+        metrics.request_done(
+            label.as_deref().unwrap_or_default(),
+            protocol,
+            response.status().as_u16(),
+            started.elapsed(),
+        );
     }
     response
 }
@@ -121,34 +123,15 @@ impl Drop for Held {
     }
 }
 
-/// The `model` label of an inference request: the model's own name, shared. A model this server does not have
-/// is `None`, labelled `""`, so that clients cannot mint series.
-async fn model_label(
-    state: &AppState,
-    route: InferenceRoute,
-    parts: &mut axum::http::request::Parts,
-) -> Option<Arc<str>> {
-    let name = match route.model {
-        ModelFrom::Default => state.default_model(),
-        ModelFrom::DefaultEmbed => state.default_embed_model(),
-        ModelFrom::Body => None,
-        ModelFrom::Path(param) => {
-            let params = RawPathParams::from_request_parts(parts, state).await.ok()?;
-            return params.iter().find(|(k, _)| *k == param).and_then(|(_, name)| state.find(name)).map(|m| m.label());
-        }
-    };
-    name.and_then(|name| state.find(name)).map(|m| m.label())
-}
-
 /// Lets a request through when no key is configured or it carries one of the keys. Keys are compared in
 /// constant time, every key every time.
-fn authorize(state: &AppState, request: &Request) -> Result<(), AppError> {
+fn authorize(state: &AppState, parts: &axum::http::request::Parts) -> Result<(), AppError> {
     let keys = state.api_keys();
     if keys.is_empty() {
         return Ok(());
     }
-    let given = request
-        .headers()
+    let given = parts
+        .headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once(' '))

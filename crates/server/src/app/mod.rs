@@ -15,10 +15,11 @@ use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
-use self::checkpoint::{Checkpoint, InferenceRoute, ModelFrom};
+use self::checkpoint::{Checkpoint, Guard};
 use crate::error::{AppError, ErrorKind};
 use crate::metrics::Protocol;
-use crate::routes::{embed, health, openai, predict, v2};
+use crate::request::ModelFrom;
+use crate::routes::{health, openai, predict, tei, v2};
 use crate::state::AppState;
 
 /// The request id: taken from the request, or made, and echoed in the response.
@@ -26,22 +27,32 @@ pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
 /// Every documented route, and the OpenAPI document built from the same registrations.
 pub fn api(state: &AppState) -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    let guarded = |routes: OpenApiRouter<AppState>, protected: bool, inference: Option<InferenceRoute>| {
-        let checkpoint = Checkpoint { state: state.clone(), protected, inference };
+    let guarded = |routes: OpenApiRouter<AppState>, guard: Guard| {
+        let checkpoint = Checkpoint { state: state.clone(), guard };
         routes.route_layer(middleware::from_fn_with_state(checkpoint, checkpoint::pass))
     };
-    let route = |protocol, model| Some(InferenceRoute { protocol, model });
-    let metrics_protected = state.protect_metrics();
+    let open = Guard::OPEN;
+    let keyed = Guard { protected: true, ..Guard::OPEN };
+    let model = |from| Guard { model: Some(from), ..keyed };
+    let infer = |protocol, from| Guard { protocol: Some(protocol), ..model(from) };
+    let metrics = Guard { protected: state.protect_metrics(), ..open };
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
-        .merge(guarded(health::probe_routes().merge(v2::probe_routes()), false, None))
-        .merge(guarded(health::metrics_routes(), metrics_protected, None))
-        .merge(guarded(v2::routes().merge(openai::routes()), true, None))
-        .merge(guarded(predict::default_route(), true, route(Protocol::Predict, ModelFrom::Default)))
-        .merge(guarded(predict::named_route(), true, route(Protocol::Predict, ModelFrom::Path(predict::MODEL_PARAM))))
-        .merge(guarded(v2::inference_routes(), true, route(Protocol::V2, ModelFrom::Path(v2::MODEL_PARAM))))
-        .merge(guarded(embed::default_route(), true, route(Protocol::Tei, ModelFrom::DefaultEmbed)))
-        .merge(guarded(embed::named_route(), true, route(Protocol::Tei, ModelFrom::Path(embed::MODEL_PARAM))))
-        .merge(guarded(openai::inference_routes(), true, route(Protocol::OpenAi, ModelFrom::Body)))
+        .merge(guarded(health::probe_routes().merge(v2::probe_routes()), open))
+        .merge(guarded(health::metrics_routes(), metrics))
+        .merge(guarded(v2::routes().merge(openai::routes()), keyed))
+        .merge(guarded(v2::model_routes(), model(ModelFrom::Path)))
+        .merge(guarded(predict::default_route(), infer(Protocol::Predict, ModelFrom::Default)))
+        .merge(guarded(predict::named_route(), infer(Protocol::Predict, ModelFrom::Path)))
+        .merge(guarded(v2::inference_routes(), infer(Protocol::V2, ModelFrom::Path)))
+        .merge(guarded(
+            tei::default_route(),
+            Guard { refuse: tei::failure, ..infer(Protocol::Tei, ModelFrom::DefaultEmbed) },
+        ))
+        .merge(guarded(tei::named_route(), Guard { refuse: tei::failure, ..infer(Protocol::Tei, ModelFrom::Path) }))
+        .merge(guarded(
+            openai::inference_routes(),
+            Guard { protocol: Some(Protocol::OpenAi), refuse: openai::failure, ..keyed },
+        ))
         .split_for_parts()
 }
 

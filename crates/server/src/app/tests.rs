@@ -8,19 +8,21 @@ use tower::ServiceExt;
 
 use super::*;
 use crate::gpu::{GpuMonitor, NoGpu};
+use crate::metrics::Metrics;
 use crate::registry::Registry;
-use crate::repository::EngineSettings;
+use inferd_models::{EngineSettings, Repository};
 
 fn state(draining: bool) -> AppState {
     let config = crate::ServeConfig::from_args(["--max-body-bytes", "1024"]).expect("parses");
     let settings = EngineSettings {
-        onnx: inferd_onnx::OnnxSettings { library: "no-library".into(), default_intra_op_threads: 1 },
+        onnx: inferd_models::OnnxSettings { library: "no-library".into(), default_intra_op_threads: 1 },
         default_precision: inferd_core::Precision::Fp32,
         builder: None,
     };
-    let registry = Registry::new("no-repository".into(), Vec::new());
-    let state = AppState::new(&config, registry, Default::default(), settings, GpuMonitor::new(Arc::new(NoGpu)))
-        .expect("state");
+    let metrics = Arc::new(Metrics::new(&[] as &[&str]));
+    let registry = Registry::new(Repository::new("no-repository"), Vec::new(), settings, metrics.clone());
+    let gpu = GpuMonitor::new(Arc::new(NoGpu));
+    let state = AppState::new(&config, registry, Default::default(), metrics, gpu).expect("state");
     if draining {
         state.drain().begin();
     }

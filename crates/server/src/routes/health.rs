@@ -11,8 +11,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::gpu::GpuInfo;
-use crate::registry::{Model, ModelState};
-use crate::state::{AppState, Assessment};
+use crate::registry::readiness::Assessment;
+use crate::registry::{ModelEntry, ModelState};
+use crate::state::AppState;
 
 /// The probes: open to all.
 pub fn probe_routes() -> OpenApiRouter<AppState> {
@@ -75,7 +76,7 @@ pub struct ModelHealth<'a> {
 }
 
 impl<'a> ModelHealth<'a> {
-    fn of(model: &'a Model, stall: Option<&'a str>) -> Self {
+    fn of(model: &'a ModelEntry, stall: Option<&'a str>) -> Self {
         let mut h = ModelHealth {
             name: model.name(),
             version: model.version(),
@@ -105,9 +106,8 @@ impl<'a> ModelHealth<'a> {
                 h.state = "unloaded";
                 h.error = Some(why);
             }
-            ModelState::Ready(endpoint) => {
-                let b = &endpoint.batcher;
-                let stats = b.stats();
+            ModelState::Ready(loaded) => {
+                let b = &loaded.batcher;
                 if let Some(text) = &b.metadata().text {
                     h.dimensions = Some(text.dimensions);
                     h.max_seq_len = Some(text.max_seq_len);
@@ -117,12 +117,14 @@ impl<'a> ModelHealth<'a> {
                 h.error = stall;
                 h.device = Some(&b.metadata().device);
                 h.precision = Some(b.metadata().precision.as_str());
-                h.warmed = endpoint.warmed;
-                h.max_batch_size = Some(endpoint.batching.max_batch_size);
+                h.warmed = loaded.warmed;
+                h.max_batch_size = Some(loaded.batching.max_batch_size);
                 h.queue_depth = b.queue_depth();
-                h.requests = stats.requests.load(Ordering::Relaxed);
-                h.batches = stats.batches.load(Ordering::Relaxed);
-                h.rows = stats.rows.load(Ordering::Relaxed);
+                if let Some(counts) = model.counts() {
+                    h.requests = counts.requests.load(Ordering::Relaxed);
+                    h.batches = counts.batches.load(Ordering::Relaxed);
+                    h.rows = counts.rows.load(Ordering::Relaxed);
+                }
             }
         }
         h
@@ -137,7 +139,7 @@ async fn health(State(state): State<AppState>) -> Response {
     let gpus = state.gpu().snapshot();
     let assessment = state.assess(&gpus);
     let models = state.models();
-    let stalls: Vec<Option<String>> = models.iter().map(|m| state.stall(m)).collect();
+    let stalls: Vec<Option<String>> = models.iter().map(|m| state.stalls().stall(m)).collect();
     let body = Health {
         status: assessment.status.as_str(),
         reason: assessment.reason,

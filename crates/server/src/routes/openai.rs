@@ -9,20 +9,17 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine as _;
+use inferd_models::{Answer, Input, Request, TextInput};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::codec::{quoted, CodecError, Limits};
-use crate::error::{AppError, ErrorKind};
-use crate::infer::{body_error, infer, off_runtime_if, Job, Outputs, WireFormat, INLINE_CODEC_BYTES};
-use crate::repository::Endpoint;
+use super::TextsInput;
+use crate::codec::{quoted, CodecError};
+use crate::error::{body_error, AppError, ErrorKind};
+use crate::ops::infer::{encode, infer, off_runtime_if, INLINE_CODEC_BYTES};
+use crate::request::{InflightHold, ServedModel};
 use crate::state::AppState;
-use crate::text::{TextInput, TextJob};
-
-/// The model an OpenAI request named, set on its response for the request metrics.
-#[derive(Clone, Debug)]
-pub struct ServedModel(pub String);
 
 /// `/v1/embeddings`.
 pub fn inference_routes() -> OpenApiRouter<AppState> {
@@ -40,7 +37,7 @@ pub struct EmbeddingsRequest {
     /// The model: one of `GET /v1/models`.
     model: String,
     /// A text, a list of texts, a list of token ids, or a list of token-id lists.
-    input: Input,
+    input: TextsInput,
     /// `float` (default) or `base64` (little-endian FP32).
     #[serde(default)]
     encoding_format: Option<String>,
@@ -51,15 +48,6 @@ pub struct EmbeddingsRequest {
     #[serde(default)]
     #[allow(dead_code)]
     user: Option<String>,
-}
-
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(untagged)]
-enum Input {
-    One(String),
-    Many(Vec<String>),
-    Ids(Vec<u32>),
-    ManyIds(Vec<Vec<u32>>),
 }
 
 /// `POST /v1/embeddings` answer.
@@ -122,6 +110,11 @@ impl From<AppError> for OpenAiFailure {
     }
 }
 
+/// An error, even one the checkpoint answers before the handler (a missing API key, a timeout), in OpenAI's shape.
+pub fn failure(e: AppError) -> Response {
+    OpenAiFailure(e).into_response()
+}
+
 impl IntoResponse for OpenAiFailure {
     fn into_response(self) -> Response {
         let (kind, code) = match self.0.kind {
@@ -140,22 +133,23 @@ impl IntoResponse for OpenAiFailure {
 /// Embed texts (OpenAI-compatible).
 #[utoipa::path(post, path = "/v1/embeddings", tag = "embeddings", request_body = EmbeddingsRequest,
     responses((status = 200, body = EmbeddingsResponse),
-        (status = 400, body = OpenAiError), (status = 404, body = OpenAiError), (status = 413, body = OpenAiError),
+        (status = 400, body = OpenAiError), (status = 401, body = OpenAiError), (status = 404, body = OpenAiError), (status = 413, body = OpenAiError),
         (status = 429, body = OpenAiError), (status = 503, body = OpenAiError)),
     security(("api_key" = [])))]
 async fn embeddings(
     State(state): State<AppState>,
+    InflightHold(hold): InflightHold,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OpenAiFailure> {
     let body = body.map_err(body_error)?;
-    // The body is parsed once, here, since its model names the endpoint: large ones off the runtime.
     let large = body.len() > INLINE_CODEC_BYTES;
+    // The body names the model, so it is parsed before there is a model to decode for: large ones off the runtime.
     let parse = move || {
         serde_json::from_slice::<EmbeddingsRequest>(&body)
             .map_err(|e| AppError::bad_request(format!("invalid embeddings request: {e}")))
     };
     let request = off_runtime_if(large, parse).await??;
-    let format = match request.encoding_format.as_deref() {
+    let encoding = match request.encoding_format.as_deref() {
         None | Some("float") => Encoding::Float,
         Some("base64") => Encoding::Base64,
         Some(other) => {
@@ -166,17 +160,30 @@ async fn embeddings(
             .into())
         }
     };
-    let input = match request.input {
-        Input::One(text) => TextInput::Texts(vec![text]),
-        Input::Many(texts) => TextInput::Texts(texts),
-        Input::Ids(ids) => TextInput::Ids(vec![ids]),
-        Input::ManyIds(ids) => TextInput::Ids(ids),
+    let entry = state.registry().resolve(&request.model, None)?;
+    let served_model = ServedModel(entry.label());
+    let answer = async {
+        let model = entry.serving()?;
+        if let (Some(asked), Some(text)) = (request.dimensions, &model.metadata().text) {
+            if asked != text.dimensions {
+                let own = text.dimensions;
+                return Err(AppError::bad_request(format!(
+                    "dimensions: this model gives {own}-dimensional embeddings and cannot shorten them to {asked}"
+                ))
+                .in_model(model.name()));
+            }
+        }
+        let request = Request::new(Input::Text(TextInput::new(request.input.into())));
+        let served = infer(&state, &model, request, &hold).await?;
+        let headers = served.headers();
+        let body = encode(served, move |served| encode_embeddings(model.name(), &served.answer, encoding)).await?;
+        Ok((headers, [(header::CONTENT_TYPE, "application/json")], body).into_response())
     };
-    let model = request.model;
-    let format = OpenAiFormat { job: Some(TextJob::new(input)), encoding: format, dimensions: request.dimensions };
-    let served = infer(&state, state.endpoint(&model)?, format, Ok(Bytes::new())).await?;
-    let mut response = (served.headers(), [(header::CONTENT_TYPE, "application/json")], served.answer).into_response();
-    response.extensions_mut().insert(ServedModel(model));
+    let mut response = match answer.await {
+        Ok(response) => response,
+        Err(e) => OpenAiFailure(e).into_response(),
+    };
+    response.extensions_mut().insert(served_model);
     Ok(response)
 }
 
@@ -186,57 +193,29 @@ enum Encoding {
     Base64,
 }
 
-/// The request was parsed by the handler (its model decides the endpoint); decoding hands over its job.
-struct OpenAiFormat {
-    job: Option<TextJob>,
-    encoding: Encoding,
-    dimensions: Option<usize>,
-}
-
-impl WireFormat for OpenAiFormat {
-    type Pending = ();
-    type Answer = Vec<u8>;
-
-    fn decode(&mut self, _: &[u8], model: &Endpoint, _: &Limits) -> Result<(Job, ()), CodecError> {
-        if let (Some(asked), Some(text)) = (self.dimensions, &model.text) {
-            let own = text.info().dimensions;
-            if asked != own {
-                return Err(CodecError::Invalid(format!(
-                    "dimensions: this model gives {own}-dimensional embeddings and cannot shorten them to {asked}"
-                )));
-            }
-        }
-        let job = self.job.take().ok_or_else(|| CodecError::Encode("the request was decoded twice".into()))?;
-        Ok((Job::Text(job), ()))
-    }
-
-    fn encode(&self, model: &Endpoint, outputs: &Outputs, (): ()) -> Result<Vec<u8>, CodecError> {
-        let tensor = outputs.tensors.first().ok_or_else(|| CodecError::Encode("no embeddings".into()))?;
-        let values = tensor.to_vec::<f32>().map_err(|e| CodecError::Encode(e.to_string()))?;
-        let dim = tensor.shape().last().copied().unwrap_or(1).max(1);
-        let data = values
-            .chunks_exact(dim)
-            .enumerate()
-            .map(|(index, row)| Embedding {
-                object: "embedding",
-                index,
-                embedding: match self.encoding {
-                    Encoding::Float => Vector::Float(row.to_vec()),
-                    Encoding::Base64 => {
-                        let bytes: Vec<u8> = row.iter().flat_map(|v| v.to_le_bytes()).collect();
-                        Vector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
-                    }
-                },
-            })
-            .collect();
-        let response = EmbeddingsResponse {
-            object: "list",
-            data,
-            model: model.name(),
-            usage: Usage { prompt_tokens: outputs.tokens, total_tokens: outputs.tokens },
-        };
-        serde_json::to_vec(&response).map_err(|e| CodecError::Encode(e.to_string()))
-    }
+/// OpenAI's embeddings answer: one embedding per row of the answer's one tensor.
+fn encode_embeddings(model: &str, answer: &Answer, encoding: Encoding) -> Result<Vec<u8>, CodecError> {
+    let tensor = answer.tensors.first().ok_or_else(|| CodecError::Encode("no embeddings".into()))?;
+    let values = tensor.to_vec::<f32>().map_err(|e| CodecError::Encode(e.to_string()))?;
+    let dim = tensor.shape().last().copied().unwrap_or(1).max(1);
+    let data = values
+        .chunks_exact(dim)
+        .enumerate()
+        .map(|(index, row)| Embedding {
+            object: "embedding",
+            index,
+            embedding: match encoding {
+                Encoding::Float => Vector::Float(row.to_vec()),
+                Encoding::Base64 => {
+                    let bytes: Vec<u8> = row.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    Vector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
+                }
+            },
+        })
+        .collect();
+    let usage = Usage { prompt_tokens: answer.tokens, total_tokens: answer.tokens };
+    let response = EmbeddingsResponse { object: "list", data, model, usage };
+    serde_json::to_vec(&response).map_err(|e| CodecError::Encode(e.to_string()))
 }
 
 /// `GET /v1/models` answer.

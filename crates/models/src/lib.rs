@@ -1,0 +1,13 @@
+//! inferd-models: a model's life below HTTP. [`repository`] finds the models a folder holds (discovery, no
+//! loading); [`loader`] builds a model's engines (the one place that picks a backend), warms them and starts its
+//! batcher; [`task`] is what a model does with a request before the batcher (tokenize texts, say) and after it
+//! (pool, normalise). The server's protocols, the benchmarks and any later front end share these without HTTP.
+
+pub mod loader;
+pub mod repository;
+pub mod task;
+
+pub use inferd_onnx::OnnxSettings;
+pub use loader::{build_engine, load, EngineBuilder, EngineSettings, LoadedModel};
+pub use repository::{Defaults, Repository};
+pub use task::{Answer, Input, Prepared, Request, Task, TaskError, TextInput, Texts};

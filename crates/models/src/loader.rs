@@ -1,0 +1,154 @@
+//! Loading: a model version's engines built (the one place that picks a backend), warmed, and started behind
+//! its batcher, with its task. Blocking throughout: callers run it on a blocking thread.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use inferd_batcher::{BatchObserver, Batcher};
+use inferd_core::{Backend, BatchingConfig, Engine, ModelConfig, ModelMetadata, Precision, WarmUp};
+use inferd_onnx::OnnxSettings;
+
+use crate::task::{self, Task};
+
+/// Builds an engine for a model in place of its backend: for tests that need an engine no model file describes
+/// (a slow one, say), run through the whole server.
+pub type EngineBuilder = Arc<dyn Fn(&ModelConfig) -> inferd_core::Result<Box<dyn Engine>> + Send + Sync>;
+
+/// What the engines need from the server's configuration.
+#[derive(Clone)]
+pub struct EngineSettings {
+    pub onnx: OnnxSettings,
+    pub default_precision: Precision,
+    /// Replaces the backends when set.
+    pub builder: Option<EngineBuilder>,
+}
+
+/// Builds one engine instance for a model: the one place that picks a backend.
+pub fn build_engine(config: &ModelConfig, settings: &EngineSettings) -> inferd_core::Result<Box<dyn Engine>> {
+    if let Some(build) = &settings.builder {
+        return build(config);
+    }
+    Ok(match config.backend {
+        Backend::Onnx => Box::new(inferd_onnx::OnnxEngine::load(config, &settings.onnx, settings.default_precision)?),
+        Backend::Candle => Box::new(inferd_candle::CandleEngine::load(config, settings.default_precision)?),
+    })
+}
+
+/// A loaded model version: its batcher and its task. Cheap to clone.
+#[derive(Clone)]
+pub struct LoadedModel {
+    pub version: u64,
+    pub batcher: Batcher,
+    pub task: Arc<dyn Task>,
+    /// The batching it runs with: `model.toml`'s, with `max_batch_size = 0` for a graph without a batch dimension.
+    pub batching: BatchingConfig,
+    /// Whether every instance ran its warm-up (see [`WarmUp`]).
+    pub warmed: bool,
+}
+
+impl LoadedModel {
+    pub fn name(&self) -> &str {
+        self.batcher.name()
+    }
+
+    /// The model as the protocols show it (its task's face: a text model takes texts and gives embeddings).
+    pub fn metadata(&self) -> &ModelMetadata {
+        self.task.metadata()
+    }
+
+    /// The model as its engines run it.
+    pub fn engine_metadata(&self) -> &ModelMetadata {
+        self.batcher.metadata()
+    }
+}
+
+/// Loads every instance of a model, warms each (see [`WarmUp::plan`]), makes its task, and starts its batcher,
+/// which reports to `observer`. A warm-up that fails fails the load, with its message.
+pub fn load(
+    config: &ModelConfig,
+    settings: &EngineSettings,
+    observer: Arc<dyn BatchObserver>,
+) -> anyhow::Result<LoadedModel> {
+    let started = std::time::Instant::now();
+    let mut engines = Vec::with_capacity(config.instances);
+    let mut batching = config.batching.clone();
+    let mut warmed = true;
+    for instance in 0..config.instances {
+        let mut engine = build_engine(config, settings)?;
+        let meta = engine.metadata();
+        if meta.text.is_some() && !meta.has_batch_dim() {
+            // Sequences are batched by tokens, padded to the longest: a graph of one fixed row cannot take that.
+            anyhow::bail!(
+                "a text model needs a batch dimension (its inputs' first dimension -1); this graph's is fixed \
+                 (max_batch_size = 0 is for tensor models)"
+            );
+        }
+        if instance == 0 && !meta.has_batch_dim() && batching.max_batch_size > 0 {
+            let shapes: Vec<String> = meta.inputs.iter().map(|s| format!("{} {:?}", s.name, s.shape)).collect();
+            tracing::info!(
+                model = %config.name,
+                inputs = %shapes.join(", "),
+                "the model has no batch dimension (its inputs' first dimensions are fixed): each request runs as \
+                 sent, alone (max_batch_size = 0)"
+            );
+            batching.max_batch_size = 0;
+        }
+        if !warm_up(engine.as_mut(), config, &batching, instance)? {
+            warmed = false;
+        }
+        engines.push(engine);
+    }
+    let Some(first) = engines.first() else { anyhow::bail!("model `{}` has no instance to run", config.name) };
+    let task = task::for_model(config, first.metadata())?;
+    let batcher = Batcher::start(&config.name, &batching, engines, observer).context("cannot start its threads")?;
+    let meta = batcher.metadata();
+    tracing::info!(
+        model = %config.name,
+        backend = config.backend.as_str(),
+        device = %meta.device,
+        precision = %meta.precision,
+        instances = config.instances,
+        max_batch_size = batching.max_batch_size,
+        warmed,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "model ready"
+    );
+    Ok(LoadedModel { version: config.version, batcher, task, batching, warmed })
+}
+
+/// Runs one instance's warm-up; false where the shapes are unknown and nothing was run.
+fn warm_up(
+    engine: &mut dyn Engine,
+    config: &ModelConfig,
+    batching: &BatchingConfig,
+    instance: usize,
+) -> anyhow::Result<bool> {
+    let meta = engine.metadata();
+    // A text model warms with sequences of its longest length: on a GPU as many as its token budget takes, to
+    // claim the memory its largest batch needs; on the CPU one, which is all the allocator needs to see (a full
+    // budget there is seconds of arithmetic before the model is ready).
+    let rows = match (&meta.text, batching.max_batch_size) {
+        (Some(text), max) if meta.on_gpu() => {
+            (batching.max_batch_tokens / text.max_seq_len.max(1)).clamp(1, max.max(1))
+        }
+        (Some(_), _) | (None, 0) => 1,
+        (None, max) => max,
+    };
+    match WarmUp::plan(&config.warmup, meta, rows).context("warm-up")? {
+        WarmUp::Run(inputs) => {
+            let shapes: Vec<&[usize]> = inputs.iter().map(|t| t.shape()).collect();
+            engine.run(&inputs).with_context(|| format!("warm-up with inputs of shapes {shapes:?}"))?;
+            Ok(true)
+        }
+        WarmUp::Skip(why) => {
+            if instance == 0 {
+                tracing::warn!(
+                    model = %config.name,
+                    reason = %why,
+                    "no warm-up: the model serves now, and its first requests pay for the engine's set-up"
+                );
+            }
+            Ok(false)
+        }
+    }
+}

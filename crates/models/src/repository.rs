@@ -1,0 +1,172 @@
+//! Discovery: the model folders a repository holds and the versions each serves, read from their `model.toml`s,
+//! and the models that routes without a model name serve. Reads files only: loading is [`crate::loader`]'s.
+
+use std::path::{Path, PathBuf};
+
+use inferd_core::{ModelConfig, Task, MODEL_CONFIG_FILE};
+
+/// A model repository: a folder of model folders, or one model folder.
+#[derive(Debug, Clone)]
+pub struct Repository {
+    dir: PathBuf,
+}
+
+/// The models that the routes without a model name serve.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Defaults {
+    /// `/predict`: `--default-model`, or the only model.
+    pub model: Option<String>,
+    /// `/embed`: `--default-embed-model`, or the default model when it embeds text, or the only text model.
+    pub embed: Option<String>,
+}
+
+impl Repository {
+    pub fn new(dir: impl Into<PathBuf>) -> Repository {
+        Repository { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Reads every model's `model.toml`, and returns each version to serve, sorted by name and version. A broken
+    /// `model.toml` is an error that names the file and the field; a folder without one is skipped.
+    pub fn discover(&self) -> anyhow::Result<Vec<ModelConfig>> {
+        let dir = &self.dir;
+        if dir.join(MODEL_CONFIG_FILE).is_file() {
+            return Ok(ModelConfig::load_versions(dir)?);
+        }
+        let entries = std::fs::read_dir(dir)
+            .map_err(|e| anyhow::anyhow!("cannot read the model repository {}: {e}", dir.display()))?;
+        let mut configs = Vec::new();
+        for entry in entries {
+            let path = entry?.path();
+            if path.join(MODEL_CONFIG_FILE).is_file() {
+                configs.extend(ModelConfig::load_versions(&path)?);
+            } else if path.is_dir() {
+                tracing::debug!(folder = %path.display(), "no model.toml: not a model");
+            }
+        }
+        if configs.is_empty() {
+            anyhow::bail!("no models in {}: each model is a folder holding a model.toml", dir.display());
+        }
+        configs.sort_by(|a, b| (&a.name, a.version).cmp(&(&b.name, b.version)));
+        Ok(configs)
+    }
+
+    /// The folder of model `name`, if the repository has one. Names that could leave the repository (`..`, a
+    /// path) have none.
+    pub fn model_folder(&self, name: &str) -> Option<PathBuf> {
+        let plain = !name.is_empty()
+            && !name.starts_with('.')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        let dir = self.dir.join(name);
+        (plain && dir.join(MODEL_CONFIG_FILE).is_file()).then_some(dir)
+    }
+
+    /// The names of the repository's model folders, sorted; none where the folder cannot be read.
+    pub fn model_folders(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().join(MODEL_CONFIG_FILE).is_file())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+impl Defaults {
+    /// The defaults among `configs` (see [`Defaults`]): `default_model` must be one of them, and is the only one
+    /// when not given; `default_embed_model` must be one of the text models.
+    pub fn choose(
+        configs: &[ModelConfig],
+        default_model: Option<&str>,
+        default_embed_model: Option<&str>,
+        repository: &Repository,
+    ) -> anyhow::Result<Defaults> {
+        let dir = repository.dir();
+        let find = |name: &str| configs.iter().find(|c| c.name == name);
+        let model = match (default_model, configs) {
+            (Some(name), _) if find(name).is_none() => {
+                anyhow::bail!("--default-model `{name}` is not a model in {}", dir.display())
+            }
+            (Some(name), _) => Some(name.to_owned()),
+            (None, [only, ..]) if configs.iter().all(|c| c.name == only.name) => Some(only.name.clone()),
+            (None, _) => None,
+        };
+        let mut text: Vec<&ModelConfig> = configs.iter().filter(|c| c.task == Task::Embed).collect();
+        text.dedup_by(|a, b| a.name == b.name);
+        let embed = match default_embed_model {
+            Some(name) => match find(name) {
+                Some(c) if c.task == Task::Embed => Some(name.to_owned()),
+                Some(_) => {
+                    anyhow::bail!("--default-embed-model `{name}` does not embed text (its task is not `embed`)")
+                }
+                None => anyhow::bail!("--default-embed-model `{name}` is not a model in {}", dir.display()),
+            },
+            None => match (model.as_deref().and_then(find), text.as_slice()) {
+                (Some(c), _) if c.task == Task::Embed => Some(c.name.clone()),
+                (_, [only]) => Some(only.name.clone()),
+                _ => None,
+            },
+        };
+        Ok(Defaults { model, embed })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(repo: &Path, name: &str, toml: &str) {
+        let dir = repo.join(name);
+        std::fs::create_dir_all(&dir).expect("folder");
+        std::fs::write(dir.join(MODEL_CONFIG_FILE), toml).expect("model.toml");
+    }
+
+    const TENSORS: &str = "backend = \"onnx\"\nfile = \"model.onnx\"\n";
+    const TEXT: &str = "backend = \"candle\"\ntask = \"embed\"\n";
+
+    #[test]
+    fn discovery_reads_model_folders_sorted_and_skips_other_folders() {
+        let repo = tempfile::tempdir().expect("tempdir");
+        model(repo.path(), "b", TENSORS);
+        model(repo.path(), "a", TENSORS);
+        std::fs::create_dir(repo.path().join("notes")).expect("folder");
+        let repository = Repository::new(repo.path());
+        let names: Vec<String> = repository.discover().expect("discovers").into_iter().map(|c| c.name).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(repository.model_folders(), ["a", "b"]);
+        assert!(repository.model_folder("a").is_some());
+        for outside in ["notes", "..", "../a", "", ".hidden", "a/b"] {
+            assert_eq!(repository.model_folder(outside), None, "{outside:?}");
+        }
+        let empty = tempfile::tempdir().expect("tempdir");
+        let error = Repository::new(empty.path()).discover().expect_err("no models");
+        assert!(error.to_string().contains("no models in"), "{error}");
+    }
+
+    #[test]
+    fn defaults_are_the_only_model_or_the_one_named_and_the_only_text_model() {
+        let repo = tempfile::tempdir().expect("tempdir");
+        model(repo.path(), "digits", TENSORS);
+        let repository = Repository::new(repo.path());
+        let configs = repository.discover().expect("discovers");
+        let defaults = Defaults::choose(&configs, None, None, &repository).expect("defaults");
+        assert_eq!(defaults, Defaults { model: Some("digits".into()), embed: None });
+
+        model(repo.path(), "minilm", TEXT);
+        let configs = repository.discover().expect("discovers");
+        let defaults = Defaults::choose(&configs, None, None, &repository).expect("defaults");
+        assert_eq!(defaults, Defaults { model: None, embed: Some("minilm".into()) });
+        let defaults = Defaults::choose(&configs, Some("minilm"), None, &repository).expect("defaults");
+        assert_eq!(defaults, Defaults { model: Some("minilm".into()), embed: Some("minilm".into()) });
+
+        let unknown = Defaults::choose(&configs, Some("nope"), None, &repository).expect_err("unknown");
+        assert!(unknown.to_string().contains("--default-model `nope`"), "{unknown}");
+        let not_text = Defaults::choose(&configs, None, Some("digits"), &repository).expect_err("not text");
+        assert!(not_text.to_string().contains("does not embed text"), "{not_text}");
+    }
+}

@@ -1,0 +1,125 @@
+//! Tokenizing against a small WordPiece tokenizer made here, with the BERT-style `[CLS] … [SEP]` around each text.
+
+use std::path::Path;
+
+use inferd_core::text::TOKEN_TYPE_IDS;
+use inferd_core::{Pooling, Precision};
+
+use super::*;
+
+const VOCAB: [&str; 8] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "dynamic", "batching", "is", "fast"];
+
+fn tokenizer_file(dir: &Path) -> std::path::PathBuf {
+    let vocab: Vec<String> = VOCAB.iter().enumerate().map(|(i, w)| format!("\"{w}\": {i}")).collect();
+    let json = format!(
+        r###"{{"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+            "pre_tokenizer": {{"type": "Whitespace"}},
+            "post_processor": {{"type": "BertProcessing", "sep": ["[SEP]", 3], "cls": ["[CLS]", 2]}},
+            "decoder": null,
+            "model": {{"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                      "max_input_chars_per_word": 100, "vocab": {{{}}}}}}}"###,
+        vocab.join(", ")
+    );
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, json).expect("saved");
+    path
+}
+
+fn task(dir: &Path, max_seq_len: usize) -> EmbedTask {
+    let spec = |name: &str| TensorSpec { name: name.into(), datatype: DataType::Int64, shape: vec![-1, -1] };
+    let engine = ModelMetadata {
+        inputs: vec![spec(INPUT_IDS), spec(ATTENTION_MASK), spec(TOKEN_TYPE_IDS)],
+        outputs: vec![TensorSpec { name: "pooled".into(), datatype: DataType::Fp32, shape: vec![-1, 2] }],
+        device: "cpu".into(),
+        precision: Precision::Fp32,
+        platform: "test",
+        text: Some(TextInfo {
+            tokenizer: tokenizer_file(dir),
+            max_seq_len,
+            pooling: Pooling::Mean,
+            normalize: true,
+            dimensions: 2,
+            vocab_size: None,
+        }),
+    };
+    EmbedTask::load(&engine).expect("loads")
+}
+
+fn texts(texts: &[&str]) -> Request {
+    Request::new(Input::Text(TextInput::new(Texts::Strings(texts.iter().map(|t| (*t).to_owned()).collect()))))
+}
+
+fn ids(sequence: &[Tensor]) -> Vec<i64> {
+    sequence[0].to_vec::<i64>().expect("ids")
+}
+
+#[test]
+fn texts_become_one_sequence_each_with_every_token_input_in_the_engines_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let task = task(dir.path(), 16);
+    assert_eq!(task.metadata().inputs[0].name, TEXT_INPUT);
+    assert_eq!(task.metadata().outputs[0].name, EMBEDDING_OUTPUT);
+    assert!(task.prepare_is_heavy());
+    let prepared = task.prepare(texts(&["dynamic batching is fast", "fast"]), 8).expect("prepared");
+    let sequences = prepared.into_sequences().expect("sequences");
+    assert_eq!(sequences.len(), 2);
+    assert_eq!(ids(&sequences[0]), [2, 4, 5, 6, 7, 3]);
+    assert_eq!(ids(&sequences[1]), [2, 7, 3]);
+    let second = &sequences[1];
+    assert_eq!(second.iter().map(|t| t.shape().to_vec()).collect::<Vec<_>>(), vec![vec![1, 3]; 3]);
+    assert_eq!(second[1].to_vec::<i64>().expect("mask"), [1, 1, 1]);
+    assert_eq!(second[2].to_vec::<i64>().expect("types"), [0, 0, 0]);
+}
+
+#[test]
+fn long_texts_are_cut_unless_the_request_refuses_truncation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let task = task(dir.path(), 4);
+    let sequences = task.prepare(texts(&["dynamic batching is fast"]), 8).expect("cut").into_sequences();
+    assert_eq!(ids(&sequences.expect("sequences")[0]), [2, 4, 5, 3]);
+    let mut refused = TextInput::new(Texts::Strings(vec!["dynamic batching is fast".into()]));
+    refused.truncate = false;
+    let error = task.prepare(Request::new(Input::Text(refused)), 8).expect_err("too long");
+    assert_eq!(
+        error,
+        TaskError::Invalid(
+            "text 0 is 6 tokens long; this model takes at most 4 (send \"truncate\": true to cut it)".into()
+        )
+    );
+}
+
+#[test]
+fn bad_texts_and_ids_are_the_clients_fault_and_too_many_are_over_the_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let task = task(dir.path(), 16);
+    let invalid = |request| match task.prepare(request, 2) {
+        Err(TaskError::Invalid(message)) => message,
+        other => panic!("expected a 400, got {other:?}"),
+    };
+    assert!(invalid(texts(&[])).contains("the input is empty"));
+    assert!(invalid(texts(&["fast", ""])).contains("text 1 is empty"));
+    let ids_request = |lists: Vec<Vec<u32>>| Request::new(Input::Text(TextInput::new(Texts::Ids(lists))));
+    assert!(invalid(ids_request(vec![vec![2, 99, 3]])).contains("id 99 is outside the model's vocabulary of 8"));
+    assert!(invalid(ids_request(vec![vec![]])).contains("token list 0 is empty"));
+    let bytes = Tensor::from_byte_strings(vec![1], vec![vec![0xff, 0xfe]]).expect("bytes");
+    assert!(invalid(Request::new(Input::Tensors(vec![bytes]))).contains("element 0 is not UTF-8"));
+    assert!(matches!(task.prepare(texts(&["is", "is", "is"]), 2), Err(TaskError::OverLimit(_))));
+    // Client-tokenized ids are used as they are.
+    let sequences = task.prepare(ids_request(vec![vec![2, 7, 3]]), 2).expect("ids").into_sequences();
+    assert_eq!(ids(&sequences.expect("sequences")[0]), [2, 7, 3]);
+}
+
+#[test]
+fn the_answer_is_normalised_unless_the_request_says_not_and_counts_tokens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let task = task(dir.path(), 16);
+    let raw = || vec![Tensor::from_slice(vec![2, 2], &[3.0f32, 4.0, 0.0, 2.0]).expect("tensor")];
+    let prepared = task.prepare(texts(&["is fast", "fast"]), 8).expect("prepared");
+    let answer = (prepared.finish)(raw()).expect("answer");
+    assert_eq!(answer.tokens, 7);
+    assert_eq!(answer.tensors[0].to_vec::<f32>().expect("values"), [0.6, 0.8, 0.0, 1.0]);
+    let mut plain = TextInput::new(Texts::Strings(vec!["fast".into(), "is".into()]));
+    plain.normalize = Some(false);
+    let prepared = task.prepare(Request::new(Input::Text(plain)), 8).expect("prepared");
+    assert_eq!((prepared.finish)(raw()).expect("answer").tensors[0].to_vec::<f32>().expect("v"), [3.0, 4.0, 0.0, 2.0]);
+}

@@ -1,0 +1,153 @@
+//! A model's task: what it does with a request before the batcher (the client's form → the engine's tensors) and
+//! after it (the engine's outputs → the answer). Protocols decode into a [`Request`] and encode an [`Answer`];
+//! they never see a task's insides. A new task is one new type implementing [`Task`], and one line in [`for_model`].
+
+mod embed;
+mod tensors;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use inferd_batcher::InferRequest;
+use inferd_core::{ModelConfig, ModelMetadata, Tensor};
+
+pub use self::embed::{EmbedTask, TEXT_INPUT};
+pub use self::tensors::TensorTask;
+
+/// What a client asks of a model, in the form a protocol decoded it into.
+#[derive(Debug)]
+pub struct Request {
+    pub input: Input,
+    /// The latest instant the request may start running.
+    pub deadline: Option<Instant>,
+}
+
+impl Request {
+    pub fn new(input: Input) -> Self {
+        Request { input, deadline: None }
+    }
+
+    pub fn with_deadline(mut self, deadline: Option<Instant>) -> Self {
+        self.deadline = deadline;
+        self
+    }
+}
+
+/// The forms a request's input comes in.
+#[derive(Debug)]
+pub enum Input {
+    /// Tensors in the order of the task's [`Task::metadata`] inputs, each already checked against its spec (data
+    /// type and shape) by the protocol's decoder. A text model's is one `BYTES` input of texts.
+    Tensors(Vec<Tensor>),
+    /// Texts, or token ids, as the text protocols send them.
+    Text(TextInput),
+}
+
+/// Texts to embed, and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextInput {
+    pub texts: Texts,
+    /// Cut texts longer than the model takes (`false`: refuse them).
+    pub truncate: bool,
+    /// Unit-length embeddings; `None`: as the model says.
+    pub normalize: Option<bool>,
+}
+
+impl TextInput {
+    pub fn new(texts: Texts) -> Self {
+        TextInput { texts, truncate: true, normalize: None }
+    }
+}
+
+/// Texts, or the token ids a client tokenized itself.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Texts {
+    Strings(Vec<String>),
+    /// Used as they are (OpenAI's lists of token ids).
+    Ids(Vec<Vec<u32>>),
+}
+
+impl Texts {
+    pub fn len(&self) -> usize {
+        match self {
+            Texts::Strings(t) => t.len(),
+            Texts::Ids(i) => i.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A model's answer to one request.
+#[derive(Debug)]
+pub struct Answer {
+    /// In the order of the task's [`Task::metadata`] outputs.
+    pub tensors: Vec<Tensor>,
+    /// Text models: the tokens the request took, special tokens included; 0 otherwise.
+    pub tokens: usize,
+}
+
+/// The step after the batcher, made by the step before it: it holds what the answer needs from the request.
+pub type Finish = Box<dyn FnOnce(Vec<Tensor>) -> Result<Answer, TaskError> + Send>;
+
+/// A request made ready for the batcher, and how its outputs become the answer.
+pub struct Prepared {
+    pub request: InferRequest,
+    pub finish: Finish,
+}
+
+impl Prepared {
+    /// A text request's token sequences (each its token inputs `[1, len]`), for the engine benchmark.
+    pub fn into_sequences(self) -> Option<Vec<Vec<Tensor>>> {
+        match self.request.inputs {
+            inferd_batcher::Inputs::Sequences(sequences) => Some(sequences),
+            inferd_batcher::Inputs::Rows(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared").field("request", &self.request).finish_non_exhaustive()
+    }
+}
+
+/// Why a task refused a request, or could not answer it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TaskError {
+    /// The request does not fit the task: the client's fault.
+    #[error("{0}")]
+    Invalid(String),
+    /// The request holds more than the server takes.
+    #[error("{0}")]
+    OverLimit(String),
+    /// The answer could not be made: ours.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// What a model does with requests, around its batcher. Shared by every request to the model.
+pub trait Task: Send + Sync + std::fmt::Debug {
+    /// The model as the tensor protocols show it (a text model: texts in, embeddings out).
+    fn metadata(&self) -> &ModelMetadata;
+
+    /// Whether [`Task::prepare`] is CPU work that must leave an async runtime's threads (tokenizing).
+    fn prepare_is_heavy(&self) -> bool {
+        false
+    }
+
+    /// The step before the batcher: `request` as the batcher's request, with at most `max_rows` rows (texts
+    /// count as rows), and the step after it. May block when [`Task::prepare_is_heavy`].
+    fn prepare(&self, request: Request, max_rows: usize) -> Result<Prepared, TaskError>;
+}
+
+/// The task of a model whose engines report `engine` as their metadata: the one place that picks a task.
+/// Blocking (a text model's tokenizer is read).
+pub fn for_model(config: &ModelConfig, engine: &ModelMetadata) -> anyhow::Result<Arc<dyn Task>> {
+    Ok(match config.task {
+        inferd_core::Task::Tensors => Arc::new(TensorTask::new(engine.clone())),
+        inferd_core::Task::Embed => Arc::new(EmbedTask::load(engine)?),
+    })
+}

@@ -1,0 +1,159 @@
+//! The one inference path every protocol shares, read top to bottom: the protocol decodes its body ([`decode`]);
+//! [`infer`] runs the model's task step before the batcher (tokenize, say), the batcher, and the task's step
+//! after it (pool, normalise); the protocol encodes the [`Served`] answer ([`encode`]). CPU work that may be
+//! large (decoding and encoding big bodies, tokenizing, scanning for non-finite numbers) leaves the async
+//! runtime's threads; small requests stay on them, which is cheaper than a hop.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::{HeaderMap, HeaderValue};
+use inferd_batcher::Inputs;
+use inferd_core::{ModelMetadata, Tensor, TensorSpec};
+use inferd_models::{Answer, Input, LoadedModel, Request, TaskError};
+
+use crate::budget::Hold;
+use crate::codec::{quoted, CodecError};
+use crate::error::AppError;
+use crate::state::AppState;
+
+/// Bodies above this size are decoded, and answers above it encoded, on the blocking pool rather than on the
+/// async runtime's threads.
+pub const INLINE_CODEC_BYTES: usize = 64 * 1024;
+
+/// Response headers that say how a request was served.
+pub const BATCH_SIZE_HEADER: &str = "x-inferd-batch-size";
+pub const QUEUE_TIME_HEADER: &str = "x-inferd-queue-us";
+pub const COMPUTE_TIME_HEADER: &str = "x-inferd-compute-us";
+
+/// A model's answer, and how it was served.
+#[derive(Debug)]
+pub struct Served {
+    pub answer: Answer,
+    pub batch_rows: usize,
+    pub queue_time: Duration,
+    pub compute_time: Duration,
+}
+
+impl Served {
+    /// The response headers that say how the request was served.
+    pub fn headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            (BATCH_SIZE_HEADER, self.batch_rows as u128),
+            (QUEUE_TIME_HEADER, self.queue_time.as_micros()),
+            (COMPUTE_TIME_HEADER, self.compute_time.as_micros()),
+        ] {
+            headers.insert(name, HeaderValue::from(u64::try_from(value).unwrap_or(u64::MAX)));
+        }
+        headers
+    }
+}
+
+/// Decodes a protocol's body of `len` bytes for `model` with `decode`, given the model as the protocols see it:
+/// off the runtime when the body is large. Errors name the model.
+pub async fn decode<T: Send + 'static>(
+    model: &Arc<LoadedModel>,
+    len: usize,
+    decode: impl FnOnce(&ModelMetadata) -> Result<T, CodecError> + Send + 'static,
+) -> Result<T, AppError> {
+    let decoder = model.clone();
+    let decoded = off_runtime_if(len > INLINE_CODEC_BYTES, move || decode(decoder.metadata())).await?;
+    decoded.map_err(|e| AppError::from(e).in_model(model.name()))
+}
+
+/// Encodes an answer with a protocol's `encode`: off the runtime when it is large.
+pub async fn encode<T: Send + 'static>(
+    served: Served,
+    encode: impl FnOnce(Served) -> Result<T, CodecError> + Send + 'static,
+) -> Result<T, AppError> {
+    let large = served.answer.tensors.iter().map(|t| t.element_count() * 12).sum::<usize>() > INLINE_CODEC_BYTES;
+    Ok(off_runtime_if(large, move || encode(served)).await??)
+}
+
+/// Runs `request` on `model`: the task's step before the batcher, the batcher, the task's step after it. The
+/// request's decoded tensors count against `hold`, its share of the in-flight budget, until it is answered.
+pub async fn infer(
+    state: &AppState,
+    model: &Arc<LoadedModel>,
+    request: Request,
+    hold: &Hold,
+) -> Result<Served, AppError> {
+    let max_rows = state.limits().max_rows;
+    let allow_non_finite = state.allow_non_finite();
+    let large = matches!(&request.input, Input::Tensors(t) if tensor_bytes(t.iter()) > INLINE_CODEC_BYTES);
+    let task = model.task.clone();
+    let prepared = off_runtime_if(large || task.prepare_is_heavy(), move || {
+        if let (false, Input::Tensors(inputs)) = (allow_non_finite, &request.input) {
+            refuse_non_finite(inputs, &task.metadata().inputs, "input").map_err(TaskError::Invalid)?;
+        }
+        task.prepare(request, max_rows)
+    })
+    .await?
+    .map_err(|e| AppError::from(e).in_model(model.name()))?;
+    let mut request = prepared.request;
+    hold.take(match &request.inputs {
+        Inputs::Rows(tensors) => tensor_bytes(tensors.iter()),
+        Inputs::Sequences(sequences) => tensor_bytes(sequences.iter().flatten()),
+    })?;
+    // Preparing may have run on the blocking pool: the request's span is this task's.
+    request.span = tracing::Span::current();
+    let out = model.batcher.infer(request).await?;
+    let finish = prepared.finish;
+    let task = model.task.clone();
+    let large = tensor_bytes(out.outputs.iter()) > INLINE_CODEC_BYTES;
+    let answer = off_runtime_if(large, move || {
+        let answer = finish(out.outputs)?;
+        if !allow_non_finite {
+            refuse_non_finite(&answer.tensors, &task.metadata().outputs, "output").map_err(TaskError::Internal)?;
+        }
+        Ok::<_, TaskError>(answer)
+    })
+    .await??;
+    Ok(Served { answer, batch_rows: out.batch_rows, queue_time: out.queue_time, compute_time: out.compute_time })
+}
+
+/// The bytes `tensors` hold.
+fn tensor_bytes<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> usize {
+    let bytes = |t: &Tensor| {
+        t.raw_bytes().map_or_else(|| t.byte_strings().unwrap_or_default().iter().map(Vec::len).sum(), <[u8]>::len)
+    };
+    tensors.map(bytes).sum()
+}
+
+/// The non-finite policy (`--allow-non-finite` off): the first NaN or infinity in `tensors` is an error that
+/// names the tensor and the element.
+fn refuse_non_finite(tensors: &[Tensor], specs: &[TensorSpec], what: &str) -> Result<(), String> {
+    for (t, spec) in tensors.iter().zip(specs) {
+        if let Some((index, value)) = t.first_non_finite() {
+            let value = if value.is_nan() { "NaN".to_owned() } else { format!("{value}") };
+            return Err(format!(
+                "{what} `{}` holds {value} at element {index}: this server takes and gives finite numbers only \
+                 (--allow-non-finite)",
+                quoted(&spec.name)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `work` on the blocking pool when `large`, inline when not.
+pub async fn off_runtime_if<T: Send + 'static>(
+    large: bool,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, AppError> {
+    if large {
+        tokio::task::spawn_blocking(work).await.map_err(|e| AppError::internal(format!("codec task failed: {e}")))
+    } else {
+        Ok(work())
+    }
+}
+
+/// A deadline `after` from now, or none where that is past the end of time.
+pub fn deadline_in(after: Duration) -> Option<Instant> {
+    Instant::now().checked_add(after)
+}
+
+#[cfg(test)]
+#[path = "infer_tests.rs"]
+mod tests;

@@ -1,0 +1,72 @@
+//! The inference path with a fake engine: a request through the task and the batcher and back, and what it
+//! refuses before anything queues.
+
+use std::sync::Arc;
+
+use inferd_models::{Input, Request, TextInput, Texts};
+
+use super::*;
+use crate::error::ErrorKind;
+use crate::testing::{loaded_state, model_folder};
+
+fn setup(args: &[&str]) -> (tempfile::TempDir, AppState, Arc<LoadedModel>) {
+    let repo = tempfile::tempdir().expect("tempdir");
+    model_folder(repo.path(), "echo", "");
+    let state = loaded_state(repo.path(), args);
+    let model = state.registry().resolve("echo", None).expect("found").serving().expect("loaded");
+    (repo, state, model)
+}
+
+fn rows(values: &[f32]) -> Request {
+    let tensor = Tensor::from_slice(vec![values.len() / 2, 2], values).expect("tensor");
+    Request::new(Input::Tensors(vec![tensor]))
+}
+
+#[tokio::test]
+async fn a_request_runs_through_the_task_and_the_batcher_and_holds_its_tensors_while_it_runs() {
+    let (_repo, state, model) = setup(&[]);
+    let hold = state.budget().hold();
+    let served = infer(&state, &model, rows(&[1.0, 2.0, 3.0, 4.0]), &hold).await.expect("served");
+    assert_eq!(served.answer.tensors[0].to_vec::<f32>().expect("values"), [1.0, 2.0, 3.0, 4.0]);
+    assert_eq!((served.batch_rows, served.answer.tokens), (2, 0));
+    assert_eq!(state.budget().held_bytes(), 1024, "16 bytes of tensors, held in whole KiB until answered");
+    drop(hold);
+    assert_eq!(state.budget().held_bytes(), 0);
+    let headers = served.headers();
+    assert_eq!(headers[BATCH_SIZE_HEADER], "2");
+    assert!(headers.contains_key(QUEUE_TIME_HEADER) && headers.contains_key(COMPUTE_TIME_HEADER));
+}
+
+#[tokio::test]
+async fn non_finite_inputs_and_the_wrong_form_are_the_clients_fault_naming_the_model() {
+    let (_repo, state, model) = setup(&[]);
+    let hold = state.budget().hold();
+    let error = infer(&state, &model, rows(&[1.0, f32::NAN]), &hold).await.expect_err("refused");
+    assert_eq!(error.kind, ErrorKind::BadRequest);
+    assert!(error.message.starts_with("model `echo`: input `x` holds NaN at element 1"), "{}", error.message);
+    let text = Request::new(Input::Text(TextInput::new(Texts::Strings(vec!["hi".into()]))));
+    let error = infer(&state, &model, text, &hold).await.expect_err("refused");
+    assert_eq!(error.message, "model `echo`: it does not embed text: it takes tensors (its task is not `embed`)");
+    assert_eq!(state.budget().held_bytes(), 0, "a refused request holds nothing");
+
+    let (_repo, lenient, model) = setup(&["--allow-non-finite"]);
+    let served = infer(&lenient, &model, rows(&[1.0, f32::NAN]), &lenient.budget().hold()).await.expect("passes");
+    assert!(served.answer.tensors[0].to_vec::<f32>().expect("values")[1].is_nan());
+}
+
+#[tokio::test]
+async fn decoded_tensors_past_the_in_flight_budget_are_refused_before_they_queue() {
+    let (_repo, state, model) = setup(&["--max-inflight-bytes", "2048"]);
+    let hold = state.budget().hold();
+    let error = infer(&state, &model, rows(&vec![0.0; 1024]), &hold).await.expect_err("4 KiB of 2");
+    assert_eq!(error.kind, ErrorKind::PayloadTooLarge, "{}", error.message);
+    assert_eq!(
+        state
+            .registry()
+            .resolve("echo", None)
+            .expect("echo")
+            .counts()
+            .map(|c| c.requests.load(std::sync::atomic::Ordering::Relaxed)),
+        Some(0)
+    );
+}

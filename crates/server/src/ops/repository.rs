@@ -1,0 +1,108 @@
+//! The repository's index and model control, in Triton's terms: every model version with its state, and loading
+//! or unloading a model while the server runs (`--model-control explicit`).
+
+use serde::Serialize;
+
+use crate::codec::quoted;
+use crate::config::ModelControl;
+use crate::error::AppError;
+use crate::registry::{ControlError, ModelState};
+use crate::state::AppState;
+
+/// One model version in the repository index.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct IndexEntry {
+    pub name: String,
+    /// Empty for a model of the repository that was never loaded.
+    pub version: String,
+    /// `READY`, `LOADING` or `UNAVAILABLE`.
+    pub state: &'static str,
+    pub reason: String,
+}
+
+/// Every model version with its state and, under `--model-control explicit`, the model folders added since
+/// start-up (`UNAVAILABLE`, not loaded); only the ready ones with `ready_only`.
+pub async fn index(state: &AppState, ready_only: bool) -> Result<Vec<IndexEntry>, AppError> {
+    let models = state.registry().snapshot();
+    let mut index: Vec<IndexEntry> = models
+        .iter()
+        .map(|m| {
+            let (state, reason) = match m.state() {
+                ModelState::Ready(_) => ("READY", ""),
+                ModelState::Loading => ("LOADING", ""),
+                ModelState::Failed(e) | ModelState::Unloaded(e) => ("UNAVAILABLE", e),
+            };
+            IndexEntry { name: m.name().into(), version: m.version().to_string(), state, reason: reason.into() }
+        })
+        .collect();
+    if state.model_control() == ModelControl::Explicit {
+        // Reads the repository folder: on the blocking pool.
+        let reader = state.clone();
+        let unknown = tokio::task::spawn_blocking(move || reader.registry().unknown_folders())
+            .await
+            .map_err(|e| AppError::internal(format!("reading the repository failed: {e}")))?;
+        index.extend(unknown.into_iter().map(|name| IndexEntry {
+            name,
+            version: String::new(),
+            state: "UNAVAILABLE",
+            reason: "not loaded".into(),
+        }));
+    }
+    index.retain(|e| !ready_only || e.state == "READY");
+    Ok(index)
+}
+
+/// Model control answers only under `--model-control explicit`, and not while the server drains.
+fn control_allowed(state: &AppState) -> Result<(), AppError> {
+    if state.model_control() != ModelControl::Explicit {
+        return Err(AppError::bad_request(
+            "model control is off: start inferd with --model-control explicit to load and unload models",
+        ));
+    }
+    if state.drain().is_draining() {
+        return Err(AppError::unavailable("the server is shutting down"));
+    }
+    Ok(())
+}
+
+fn control_error(e: ControlError) -> AppError {
+    match e {
+        ControlError::NotFound(m) => AppError::not_found(m),
+        ControlError::Failed(m) => AppError::bad_request(format!("failed to load: {m}")),
+    }
+}
+
+/// Loads model `name`, or loads it again, from its folder (see [`crate::registry::Registry::load`]); returns
+/// once it is ready. The client's `parameter`s, a configuration or files sent with the request, are refused: the
+/// folder is the truth.
+pub async fn load<'a>(
+    state: &AppState,
+    name: String,
+    mut parameters: impl Iterator<Item = &'a str>,
+) -> Result<(), AppError> {
+    control_allowed(state)?;
+    if let Some(key) = parameters.next() {
+        return Err(AppError::bad_request(format!(
+            "load parameter `{}` is not supported: inferd loads what the model's folder holds",
+            quoted(key)
+        )));
+    }
+    let control = state.registry().control().await;
+    let worker = state.clone();
+    tokio::task::spawn_blocking(move || {
+        // Held until the load ends, even if the request is dropped first (its client gone, its timeout).
+        let _control = control;
+        worker.registry().load(&name)
+    })
+    .await
+    .map_err(|e| AppError::internal(format!("the load task failed: {e}")))?
+    .map(drop)
+    .map_err(control_error)
+}
+
+/// Unloads model `name`: requests already queued finish; later ones are refused (503) until it is loaded again.
+pub async fn unload(state: &AppState, name: &str) -> Result<(), AppError> {
+    control_allowed(state)?;
+    let _control = state.registry().control().await;
+    state.registry().unload(name).map_err(control_error)
+}
