@@ -346,3 +346,37 @@ fn v2_binary_texts(texts: &[&[u8]]) -> (usize, Vec<u8>) {
     body.extend(data);
     (header.len(), body)
 }
+
+#[tokio::test]
+async fn text_clients_hear_a_refused_key_in_their_own_error_shape() {
+    let repo = text_repo(0);
+    let server =
+        TestServer::ready(repo.path(), &["--api-key", "s3cret", "--default-embed-model", "minilm"], None).await;
+    let openai = json!({ "model": "minilm", "input": "hello" });
+    for key in [None, Some("wrong")] {
+        let mut request = server.client.post(server.url("/v1/embeddings")).json(&openai);
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        let r = request.send().await.expect("answered");
+        assert_eq!(r.status(), 401);
+        let body: Value = r.json().await.expect("JSON");
+        // OpenAI's clients read `error.type` and `error.code` to tell a bad key from a bad request.
+        assert_eq!(body["error"]["type"], "authentication_error", "{body}");
+        assert_eq!(body["error"]["code"], "invalid_api_key", "{body}");
+        assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("API key")), "{body}");
+
+        let r = server.client.post(server.url("/embed")).json(&json!({ "inputs": "hello" }));
+        let r = match key {
+            Some(key) => r.bearer_auth(key),
+            None => r,
+        };
+        let r = r.send().await.expect("answered");
+        assert_eq!(r.status(), 401);
+        let body: Value = r.json().await.expect("JSON");
+        assert!(body["error"].as_str().is_some_and(|m| m.contains("API key")), "{body}");
+        assert!(body["error_type"].is_string(), "TEI's shape: {body}");
+    }
+    let r = server.client.post(server.url("/v1/embeddings")).bearer_auth("s3cret").json(&openai).send().await;
+    assert_eq!(r.expect("answered").status(), 200);
+}

@@ -13,7 +13,7 @@ use super::{quoted, shape_text, CodecError, Limits};
 /// A request's rows and tensor elements as its inputs decode, against the server's limits. Rows are checked as
 /// each row closes; elements when the tensor closes, or at once past twice the limit. So the decoder stops
 /// within one row of the row limit and twice the element limit, and a request over both is told of its rows.
-pub(crate) struct Budget {
+pub(crate) struct Tally {
     pub limits: Limits,
     /// Elements of the inputs decoded before this one.
     pub used: usize,
@@ -21,9 +21,9 @@ pub(crate) struct Budget {
     pub over: Option<CodecError>,
 }
 
-impl Budget {
+impl Tally {
     pub fn new(limits: Limits) -> Self {
-        Budget { limits, used: 0, over: None }
+        Tally { limits, used: 0, over: None }
     }
 
     /// Records going over a limit, and gives serde's error for it.
@@ -37,7 +37,7 @@ impl Budget {
 /// Decodes one nested array into a tensor of `spec`'s type, checking each dimension as it closes.
 pub(crate) struct TensorSeed<'a, 'b> {
     pub spec: &'a TensorSpec,
-    pub budget: &'b mut Budget,
+    pub tally: &'b mut Tally,
 }
 
 /// What a tensor's nested arrays have filled in so far.
@@ -46,7 +46,7 @@ struct NestedTensor<'a, 'b> {
     /// Each dimension's length, known once its first array closes.
     dims: Vec<Option<usize>>,
     elements: Elements<'a>,
-    budget: &'b mut Budget,
+    tally: &'b mut Tally,
     /// Elements this tensor may hold before the rest of the request has none left.
     allowed: usize,
 }
@@ -60,19 +60,19 @@ impl<'de> DeserializeSeed<'de> for TensorSeed<'_, '_> {
             // A scalar input (a model without a batch dimension may take one): one element, no array.
             let mut elements = Elements::new(spec, 1);
             ElementSeed { elements: &mut elements, nested: false }.deserialize(deserializer)?;
-            self.budget.used += elements.count;
+            self.tally.used += elements.count;
             return elements.into_tensor(Vec::new()).map_err(de::Error::custom);
         }
-        let allowed = self.budget.limits.max_elements.saturating_sub(self.budget.used);
+        let allowed = self.tally.limits.max_elements.saturating_sub(self.tally.used);
         let mut tensor = NestedTensor {
             spec,
             dims: vec![None; spec.shape.len()],
             elements: Elements::new(spec, usize::MAX),
-            budget: self.budget,
+            tally: self.tally,
             allowed,
         };
         LevelSeed { depth: 0, tensor: &mut tensor }.deserialize(deserializer)?;
-        tensor.budget.used += tensor.elements.count;
+        tensor.tally.used += tensor.elements.count;
         // Every level closed at least once (empty levels were refused), so every dimension is known.
         let shape: Vec<usize> = tensor.dims.iter().map(|d| d.unwrap_or(0)).collect();
         tensor.elements.into_tensor(shape).map_err(de::Error::custom)
@@ -110,7 +110,7 @@ impl<'de> Visitor<'de> for LevelSeed<'_, '_, '_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let Self { depth, tensor } = self;
         let spec = tensor.spec;
-        let limits = tensor.budget.limits;
+        let limits = tensor.tally.limits;
         let fixed = usize::try_from(spec.shape[depth]).ok();
         // A dimension's length is fixed by the spec, or by the first array seen at this depth.
         let limit = fixed.or(tensor.dims[depth]);
@@ -131,10 +131,10 @@ impl<'de> Visitor<'de> for LevelSeed<'_, '_, '_> {
             }
             if innermost && tensor.elements.count > tensor.allowed.saturating_mul(2) {
                 let error = limits.elements_error(format_args!("more than {}", limits.max_elements));
-                return Err(tensor.budget.refuse(error));
+                return Err(tensor.tally.refuse(error));
             }
             if depth == 0 && n > limits.max_rows {
-                return Err(tensor.budget.refuse(limits.rows_error(format_args!("more than {}", limits.max_rows))));
+                return Err(tensor.tally.refuse(limits.rows_error(format_args!("more than {}", limits.max_rows))));
             }
         }
         if n == 0 {
@@ -145,8 +145,8 @@ impl<'de> Visitor<'de> for LevelSeed<'_, '_, '_> {
             }));
         }
         if depth == 0 && tensor.elements.count > tensor.allowed {
-            let error = limits.elements_error(tensor.budget.used.saturating_add(tensor.elements.count));
-            return Err(tensor.budget.refuse(error));
+            let error = limits.elements_error(tensor.tally.used.saturating_add(tensor.elements.count));
+            return Err(tensor.tally.refuse(error));
         }
         match limit {
             Some(l) if l != n => Err(de::Error::custom(dimension_error(spec, depth, limit, fixed))),

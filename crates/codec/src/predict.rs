@@ -8,7 +8,7 @@ use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 
-use super::json::{Budget, NestedJson, TensorSeed};
+use super::json::{NestedJson, Tally, TensorSeed};
 use super::{check_json_depth, names, quoted, CodecError, Limits};
 
 /// A `/predict` body: one input as `input`, or several by name in `inputs`. Tensors are nested arrays, one
@@ -33,10 +33,10 @@ pub struct NamedTensors(pub Vec<(usize, Tensor)>);
 /// past the limits stop the decoding where they are met.
 pub fn decode_predict(body: &[u8], specs: &[TensorSpec], limits: &Limits) -> Result<Vec<Tensor>, CodecError> {
     check_json_depth(body, limits.max_json_depth)?;
-    let mut budget = Budget::new(*limits);
+    let mut tally = Tally::new(*limits);
     let mut de = serde_json::Deserializer::from_slice(body);
-    let decoded = PredictBody { specs, budget: &mut budget }.deserialize(&mut de).and_then(|r| de.end().map(|()| r));
-    let request = decoded.map_err(|e| budget.over.take().unwrap_or_else(|| CodecError::Invalid(e.to_string())))?;
+    let decoded = PredictBody { specs, tally: &mut tally }.deserialize(&mut de).and_then(|r| de.end().map(|()| r));
+    let request = decoded.map_err(|e| tally.over.take().unwrap_or_else(|| CodecError::Invalid(e.to_string())))?;
     let mut slots: Vec<Option<Tensor>> = vec![None; specs.len()];
     if let Some(t) = request.input {
         slots[0] = Some(t);
@@ -56,7 +56,7 @@ pub fn decode_predict(body: &[u8], specs: &[TensorSpec], limits: &Limits) -> Res
 /// Decodes a body into a [`PredictRequest`] for a model of `specs`.
 struct PredictBody<'a, 'b> {
     specs: &'a [TensorSpec],
-    budget: &'b mut Budget,
+    tally: &'b mut Tally,
 }
 
 impl<'de> DeserializeSeed<'de> for PredictBody<'_, '_> {
@@ -90,11 +90,11 @@ impl<'de> Visitor<'de> for PredictBody<'_, '_> {
                     if request.input.is_some() {
                         return Err(de::Error::custom(format!("input `{}` is given twice", specs[0].name)));
                     }
-                    request.input = Some(map.next_value_seed(TensorSeed { spec: &specs[0], budget: self.budget })?);
+                    request.input = Some(map.next_value_seed(TensorSeed { spec: &specs[0], tally: self.tally })?);
                 }
                 "inputs" if request.inputs.is_some() => return Err(de::Error::custom("`inputs` is given twice")),
                 "inputs" => {
-                    let named = map.next_value_seed(NamedInputs { specs, budget: self.budget })?;
+                    let named = map.next_value_seed(NamedInputs { specs, tally: self.tally })?;
                     request.inputs = Some(named);
                 }
                 other => {
@@ -112,7 +112,7 @@ impl<'de> Visitor<'de> for PredictBody<'_, '_> {
 /// `inputs`: each named input decoded with its spec as it comes.
 struct NamedInputs<'a, 'b> {
     specs: &'a [TensorSpec],
-    budget: &'b mut Budget,
+    tally: &'b mut Tally,
 }
 
 impl<'de> DeserializeSeed<'de> for NamedInputs<'_, '_> {
@@ -144,7 +144,7 @@ impl<'de> Visitor<'de> for NamedInputs<'_, '_> {
                 return Err(de::Error::custom(format!("input `{name}` is given twice")));
             }
             let spec = &self.specs[i];
-            named.push((i, map.next_value_seed(TensorSeed { spec, budget: &mut *self.budget })?));
+            named.push((i, map.next_value_seed(TensorSeed { spec, tally: &mut *self.tally })?));
         }
         Ok(NamedTensors(named))
     }

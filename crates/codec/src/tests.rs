@@ -166,9 +166,9 @@ fn a_huge_body_is_decoded_no_further_than_the_limits() {
     // The decoder stops at the end of row 4097: it never builds the 64 MB tensor the body describes. Where it
     // stopped shows in the error of a decoder run over the same text with serde_json's own position.
     let mut de = serde_json::Deserializer::from_str(&body[10..]);
-    let mut budget = json::Budget::new(limits);
+    let mut tally = json::Tally::new(limits);
     let stopped =
-        serde::de::DeserializeSeed::deserialize(json::TensorSeed { spec: &specs[0], budget: &mut budget }, &mut de)
+        serde::de::DeserializeSeed::deserialize(json::TensorSeed { spec: &specs[0], tally: &mut tally }, &mut de)
             .expect_err("over the rows");
     assert!(stopped.column() <= 4097 * (row.len() + 1) + 1, "stopped at column {} of {}", stopped.column(), body.len());
 }

@@ -24,8 +24,9 @@ use axum::response::IntoResponse;
 use axum::{Json, Router};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
 use crate::drain::Drain;
@@ -218,8 +219,7 @@ pub async fn serve(
         overflow: Arc::new(Semaphore::new(OVERFLOW_CONNECTIONS)),
         activity: Arc::new(Activity::default()),
         epoch: Instant::now(),
-        close_idle: watch::Sender::new(false),
-        open: Arc::new(AtomicUsize::new(0)),
+        graceful: GracefulShutdown::new(),
     };
     let mut closing = pin!(closing);
     loop {
@@ -241,10 +241,8 @@ pub async fn serve(
     }
     drop(listener);
     server.wait_quiet().await;
-    server.close_idle.send_replace(true);
-    while server.open.load(Ordering::SeqCst) > 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // Closes each connection now if idle, after its answer if busy, and waits until every one has closed.
+    server.graceful.shutdown().await;
     Ok(())
 }
 
@@ -258,10 +256,8 @@ struct Server {
     overflow: Arc<Semaphore>,
     activity: Arc<Activity>,
     epoch: Instant,
-    /// Set when the drain closes what is idle.
-    close_idle: watch::Sender<bool>,
-    /// Connection tasks still running.
-    open: Arc<AtomicUsize>,
+    /// Every connection being served, for the drain to close them once quiet and wait for them.
+    graceful: GracefulShutdown,
 }
 
 impl Server {
@@ -301,17 +297,16 @@ impl Server {
         };
         let header_read_timeout = if full { self.settings.header_read_timeout } else { OVERFLOW_HEADER_TIMEOUT };
         let idle_timeout = self.settings.idle_timeout;
-        let mut close_idle = self.close_idle.subscribe();
-        let open = self.open.clone();
-        open.fetch_add(1, Ordering::SeqCst);
+        let io = TokioIo::new(Watched { stream, clock: clock.clone() });
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder.keep_alive(full);
+        let connection = self.graceful.watch(builder.serve_connection(io, service));
         tokio::spawn(async move {
             let _permit = permit;
-            let io = TokioIo::new(Watched { stream, clock: clock.clone() });
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder.keep_alive(full);
-            let mut connection = pin!(builder.serve_connection(io, service));
+            let mut connection = pin!(connection);
+            // hyper's own header timer would also run while a kept-alive connection is idle, so the idle and
+            // header-read timeouts could not differ: the connection's clock keeps both.
             let mut ticks = tokio::time::interval(TICK);
-            let mut shutting = false;
             loop {
                 tokio::select! {
                     _ = connection.as_mut() => break,
@@ -322,16 +317,8 @@ impl Server {
                             break;
                         }
                     }
-                    changed = close_idle.changed(), if !shutting => {
-                        if changed.is_err() || *close_idle.borrow() {
-                            // Closes it now if idle; after its answer if busy.
-                            connection.as_mut().graceful_shutdown();
-                            shutting = true;
-                        }
-                    }
                 }
             }
-            open.fetch_sub(1, Ordering::SeqCst);
         });
     }
 

@@ -12,7 +12,6 @@ use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, SharedS
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
 use crate::gpu::GpuInfo;
-use crate::registry::ModelEntry;
 
 /// The metric names, with Prometheus unit suffixes.
 pub mod names {
@@ -254,18 +253,17 @@ impl Metrics {
     }
 
     /// The exposition text, with the gauges read now: queue depths, readiness, the GPU snapshot, resident memory.
-    pub fn render(&self, models: &[Arc<ModelEntry>], gpus: &[GpuInfo]) -> String {
+    /// `versions` are each model version's (name, queue depth, loaded), sorted by name.
+    pub fn render<'a>(&self, versions: impl IntoIterator<Item = (&'a str, usize, bool)>, gpus: &[GpuInfo]) -> String {
         // A model's versions share its series: their queues add up, and it is ready if one of them is.
         let mut by_name: Vec<(&str, usize, bool)> = Vec::new();
-        for model in models {
-            let batcher = model.loaded().map(|m| &m.batcher);
-            let depth = batcher.map_or(0, |b| b.queue_depth());
+        for (model, depth, loaded) in versions {
             match by_name.last_mut() {
-                Some((name, queued, ready)) if *name == model.name() => {
+                Some((name, queued, ready)) if *name == model => {
                     *queued += depth;
-                    *ready |= batcher.is_some();
+                    *ready |= loaded;
                 }
-                _ => by_name.push((model.name(), depth, batcher.is_some())),
+                _ => by_name.push((model, depth, loaded)),
             }
         }
         for (name, depth, ready) in by_name {
@@ -368,11 +366,11 @@ mod tests {
             }
         }
         metrics.upkeep();
-        let text = metrics.render(&[], &[]);
+        let text = metrics.render([], &[]);
         assert_eq!(predict_count(&text, "m"), Some(1000), "{text}");
         // Folded samples stay counted across later upkeeps and renders.
         metrics.upkeep();
         metrics.request_done("m", Protocol::Predict, 200, Duration::from_millis(1));
-        assert_eq!(predict_count(&metrics.render(&[], &[]), "m"), Some(1001));
+        assert_eq!(predict_count(&metrics.render([], &[]), "m"), Some(1001));
     }
 }

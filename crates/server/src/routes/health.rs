@@ -189,7 +189,12 @@ async fn ready(State(state): State<AppState>) -> Response {
     responses((status = 200, content_type = "text/plain; version=0.0.4", body = String)))]
 async fn metrics(State(state): State<AppState>) -> Response {
     let gpus = state.gpu().snapshot();
-    let text = state.metrics().render(&state.models(), &gpus);
+    let models = state.models();
+    let versions = models.iter().map(|m| {
+        let batcher = m.loaded().map(|loaded| &loaded.batcher);
+        (m.name(), batcher.map_or(0, |b| b.queue_depth()), batcher.is_some())
+    });
+    let text = state.metrics().render(versions, &gpus);
     ([(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"))], text)
         .into_response()
 }

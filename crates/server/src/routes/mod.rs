@@ -1,7 +1,7 @@
 //! One module per protocol, each with its routes, handlers and the wire types they alone serve: the seed's
 //! `/predict`, KServe v2, TEI's `/embed`, OpenAI's `/v1/embeddings`, and the probes with `/metrics`. A handler
 //! reads top to bottom: decode its body, [`crate::ops`] (the task's steps around the batcher), encode the answer.
-//! The app ([`crate::app`]) assembles them.
+//! The app assembles them.
 
 pub mod health;
 pub mod openai;
