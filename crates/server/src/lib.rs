@@ -103,8 +103,8 @@ impl Server {
         names.dedup();
         let metrics = Arc::new(Metrics::new(&names));
         let repository_dir = repository.dir().to_path_buf();
-        let registry = Registry::new(repository, configs, settings, metrics.clone());
-        let state = AppState::new(&config, registry, defaults, metrics, gpu.clone())?;
+        let registry = Registry::new(repository, configs, settings, metrics);
+        let state = AppState::new(&config, registry, defaults, gpu.clone())?;
         let background = Background::start(&state, gpu, Duration::from_millis(config.gpu_refresh_ms));
         load_in_background(&state);
 

@@ -53,7 +53,7 @@ pub mod names {
 /// The protocol an inference request came in: the `protocol` label. Known from the route that served it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
-    /// `/predict` and `/models/{name}/predict`.
+    /// `/predict` and `/models/{model}/predict`.
     Predict,
     /// The KServe v2 `infer` routes.
     V2,
@@ -309,7 +309,6 @@ pub struct BatchCounts {
     pub requests: AtomicU64,
     pub batches: AtomicU64,
     pub rows: AtomicU64,
-    pub failed_batches: AtomicU64,
 }
 
 impl BatchObserver for BatchMetrics {
@@ -327,7 +326,6 @@ impl BatchObserver for BatchMetrics {
         self.rows.record(rows as f64);
         self.compute.record(compute_time.as_secs_f64());
         if !ok {
-            self.counts.failed_batches.fetch_add(1, Ordering::Relaxed);
             self.failures.increment(1);
         }
     }

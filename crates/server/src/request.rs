@@ -10,7 +10,9 @@ use axum::http::request::Parts;
 use crate::budget::Hold;
 use crate::codec::quoted;
 use crate::error::AppError;
-use crate::registry::{quoted_list, ModelEntry};
+use inferd_models::LoadedModel;
+
+use crate::registry::{quoted_list, ModelEntry, Registry};
 use crate::state::AppState;
 
 /// The path parameter that names the model on every route that has one.
@@ -29,36 +31,47 @@ pub enum ModelFrom {
     Path,
 }
 
-/// The model a route names, resolved by the checkpoint.
+/// The model a route names, resolved by the checkpoint, and the version the route asked for.
 #[derive(Clone)]
-struct Resolved(Result<Arc<ModelEntry>, AppError>);
+struct Resolved(Result<Arc<ModelEntry>, AppError>, Option<u64>);
 
 /// Resolves the model a request names (see [`ModelFrom`]) and keeps the outcome for the handler; returns the
-/// model's metrics label, `None` where there is no such model.
+/// model's metrics label, `None` where the server has no such model.
 pub async fn resolve(state: &AppState, from: ModelFrom, parts: &mut Parts) -> Option<Arc<str>> {
-    let resolved = match from {
-        ModelFrom::Default => default(state, state.defaults().model.as_deref(), || {
-            format!(
-                "this server has several models ({}): use /models/{{model}}/predict, or start it with --default-model",
-                quoted_list(&state.registry().names(|_| true))
-            )
-        }),
-        ModelFrom::DefaultEmbed => default(state, state.defaults().embed.as_deref(), || {
-            let names = state.registry().names(|m| m.config.task == inferd_core::Task::Embed);
-            if names.is_empty() {
-                "this server has no text model: /embed serves a model whose task is `embed`".to_owned()
-            } else {
+    let registry = state.registry();
+    let (resolved, version) = match from {
+        ModelFrom::Default => (
+            default(state, state.defaults().model.as_deref(), || {
                 format!(
-                    "this server has several text models ({}): use /models/{{model}}/embed, or start it with \
+                "this server has several models ({}): use /models/{{model}}/predict, or start it with --default-model",
+                quoted_list(&registry.names(|_| true))
+            )
+            }),
+            None,
+        ),
+        ModelFrom::DefaultEmbed => (
+            default(state, state.defaults().embed.as_deref(), || {
+                let names = registry.names(|m| m.config.task == inferd_core::Task::Embed);
+                if names.is_empty() {
+                    "this server has no text model: /embed serves a model whose task is `embed`".to_owned()
+                } else {
+                    format!(
+                        "this server has several text models ({}): use /models/{{model}}/embed, or start it with \
                      --default-embed-model",
-                    quoted_list(&names)
-                )
-            }
-        }),
+                        quoted_list(&names)
+                    )
+                }
+            }),
+            None,
+        ),
         ModelFrom::Path => from_path(state, parts).await,
     };
-    let label = resolved.as_ref().ok().map(|m| m.label());
-    parts.extensions.insert(Resolved(resolved));
+    // A model's label, even where the version asked for is not one of its own.
+    let label = match &resolved {
+        Ok(model) => Some(model.label()),
+        Err(_) => path_param(parts, state, MODEL_PARAM).await.and_then(|name| registry.find(&name)).map(|m| m.label()),
+    };
+    parts.extensions.insert(Resolved(resolved, version));
     label
 }
 
@@ -69,33 +82,63 @@ fn default(state: &AppState, name: Option<&str>, none: impl FnOnce() -> String) 
     }
 }
 
-async fn from_path(state: &AppState, parts: &mut Parts) -> Result<Arc<ModelEntry>, AppError> {
-    let params =
-        RawPathParams::from_request_parts(parts, state).await.map_err(|e| AppError::bad_request(e.body_text()))?;
+/// A path parameter of the route, percent-decoded.
+async fn path_param(parts: &mut Parts, state: &AppState, name: &str) -> Option<String> {
+    let params = RawPathParams::from_request_parts(parts, state).await.ok()?;
+    params.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_owned())
+}
+
+/// The model and version the path names.
+async fn from_path(state: &AppState, parts: &mut Parts) -> (Result<Arc<ModelEntry>, AppError>, Option<u64>) {
+    let params = match RawPathParams::from_request_parts(parts, state).await {
+        Ok(params) => params,
+        Err(e) => return (Err(AppError::bad_request(e.body_text())), None),
+    };
     let param = |name: &str| params.iter().find(|(k, _)| *k == name).map(|(_, v)| v);
     let name = param(MODEL_PARAM).unwrap_or_default();
     let version = match param(VERSION_PARAM) {
         None => None,
-        Some(v) => Some(v.parse::<u64>().ok().filter(|&v| v > 0).ok_or_else(|| {
-            AppError::not_found(format!(
-                "model `{}` has no version `{}`: versions are positive numbers",
-                quoted(name),
-                quoted(v)
-            ))
-        })?),
+        Some(v) => match v.parse::<u64>().ok().filter(|&v| v > 0) {
+            Some(v) => Some(v),
+            None => {
+                let message =
+                    format!("model `{}` has no version `{}`: versions are positive numbers", quoted(name), quoted(v));
+                return (Err(AppError::not_found(message)), None);
+            }
+        },
     };
-    state.registry().resolve(name, version)
+    (state.registry().resolve(name, version), version)
 }
 
 /// The model version the route names, as the checkpoint resolved it; or why there is none.
-pub struct RoutedModel(pub Arc<ModelEntry>);
+pub struct RoutedModel {
+    entry: Arc<ModelEntry>,
+    /// The version the route asked for, if it named one.
+    version: Option<u64>,
+}
+
+impl RoutedModel {
+    /// The model version as the registry has it now: the one resolved, unless model control replaced it since
+    /// (while the request's body arrived, say), when it is resolved again.
+    pub fn current(&self, registry: &Registry) -> Result<Arc<ModelEntry>, AppError> {
+        match self.entry.retired() {
+            false => Ok(self.entry.clone()),
+            true => registry.resolve(self.entry.name(), self.version),
+        }
+    }
+
+    /// The loaded model version, or why it is not served.
+    pub fn serving(&self, registry: &Registry) -> Result<Arc<LoadedModel>, AppError> {
+        self.current(registry)?.serving()
+    }
+}
 
 impl<S: Send + Sync> FromRequestParts<S> for RoutedModel {
     type Rejection = AppError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         match parts.extensions.get::<Resolved>() {
-            Some(Resolved(resolved)) => resolved.clone().map(RoutedModel),
+            Some(Resolved(resolved, version)) => resolved.clone().map(|entry| RoutedModel { entry, version: *version }),
             None => Err(AppError::internal("the route names no model to its checkpoint; this is a bug")),
         }
     }

@@ -50,9 +50,10 @@ impl AppState {
         config: &ServeConfig,
         registry: Registry,
         defaults: Defaults,
-        metrics: Arc<Metrics>,
         gpu: GpuMonitor,
     ) -> anyhow::Result<AppState> {
+        // One set of metrics: the one the registry's models report into.
+        let metrics = registry.metrics().clone();
         Ok(AppState(Arc::new(ServerState {
             registry,
             defaults,

@@ -73,7 +73,6 @@ pub fn loaded_state(repository: &Path, args: &[&str]) -> AppState {
     let config = crate::ServeConfig::from_args(args.iter().copied()).expect("flags parse");
     let registry = registry(repository);
     registry.load_all(|| false);
-    let metrics = Arc::new(Metrics::new(&registry.names(|_| true)));
     let gpu = GpuMonitor::new(Arc::new(NoGpu));
-    AppState::new(&config, registry, Defaults::default(), metrics, gpu).expect("state")
+    AppState::new(&config, registry, Defaults::default(), gpu).expect("state")
 }

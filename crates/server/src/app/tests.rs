@@ -20,9 +20,9 @@ fn state(draining: bool) -> AppState {
         builder: None,
     };
     let metrics = Arc::new(Metrics::new(&[] as &[&str]));
-    let registry = Registry::new(Repository::new("no-repository"), Vec::new(), settings, metrics.clone());
+    let registry = Registry::new(Repository::new("no-repository"), Vec::new(), settings, metrics);
     let gpu = GpuMonitor::new(Arc::new(NoGpu));
-    let state = AppState::new(&config, registry, Default::default(), metrics, gpu).expect("state");
+    let state = AppState::new(&config, registry, Default::default(), gpu).expect("state");
     if draining {
         state.drain().begin();
     }

@@ -17,9 +17,9 @@ use crate::codec::{quoted, CodecError};
 use crate::error::AppError;
 use crate::state::AppState;
 
-/// Bodies above this size are decoded, and answers above it encoded, on the blocking pool rather than on the
-/// async runtime's threads.
-pub const INLINE_CODEC_BYTES: usize = 64 * 1024;
+/// Bodies, tensors and answers above this size are decoded, checked and encoded on the blocking pool rather than
+/// on the async runtime's threads.
+pub const INLINE_WORK_BYTES: usize = 64 * 1024;
 
 /// Response headers that say how a request was served.
 pub const BATCH_SIZE_HEADER: &str = "x-inferd-batch-size";
@@ -58,7 +58,7 @@ pub async fn decode<T: Send + 'static>(
     decode: impl FnOnce(&ModelMetadata) -> Result<T, CodecError> + Send + 'static,
 ) -> Result<T, AppError> {
     let decoder = model.clone();
-    let decoded = off_runtime_if(len > INLINE_CODEC_BYTES, move || decode(decoder.metadata())).await?;
+    let decoded = off_runtime_if(len > INLINE_WORK_BYTES, move || decode(decoder.metadata())).await?;
     decoded.map_err(|e| AppError::from(e).in_model(model.name()))
 }
 
@@ -67,7 +67,7 @@ pub async fn encode<T: Send + 'static>(
     served: Served,
     encode: impl FnOnce(Served) -> Result<T, CodecError> + Send + 'static,
 ) -> Result<T, AppError> {
-    let large = served.answer.tensors.iter().map(|t| t.element_count() * 12).sum::<usize>() > INLINE_CODEC_BYTES;
+    let large = served.answer.tensors.iter().map(|t| t.element_count() * 12).sum::<usize>() > INLINE_WORK_BYTES;
     Ok(off_runtime_if(large, move || encode(served)).await??)
 }
 
@@ -81,7 +81,7 @@ pub async fn infer(
 ) -> Result<Served, AppError> {
     let max_rows = state.limits().max_rows;
     let allow_non_finite = state.allow_non_finite();
-    let large = matches!(&request.input, Input::Tensors(t) if tensor_bytes(t.iter()) > INLINE_CODEC_BYTES);
+    let large = matches!(&request.input, Input::Tensors(t) if tensor_bytes(t.iter()) > INLINE_WORK_BYTES);
     let task = model.task.clone();
     let prepared = off_runtime_if(large || task.prepare_is_heavy(), move || {
         if let (false, Input::Tensors(inputs)) = (allow_non_finite, &request.input) {
@@ -100,14 +100,15 @@ pub async fn infer(
     request.span = tracing::Span::current();
     let out = model.batcher.infer(request).await?;
     let finish = prepared.finish;
-    let task = model.task.clone();
-    let large = tensor_bytes(out.outputs.iter()) > INLINE_CODEC_BYTES;
+    let large = out.outputs.iter().map(|t| t.element_count() * 12).sum::<usize>() > INLINE_WORK_BYTES;
+    let engine = model.clone();
     let answer = off_runtime_if(large, move || {
-        let answer = finish(out.outputs)?;
+        // The engine's own outputs are checked, before the task's step makes an answer of them.
         if !allow_non_finite {
-            refuse_non_finite(&answer.tensors, &task.metadata().outputs, "output").map_err(TaskError::Internal)?;
+            let specs = &engine.engine_metadata().outputs;
+            refuse_non_finite(&out.outputs, specs, "output").map_err(TaskError::Internal)?;
         }
-        Ok::<_, TaskError>(answer)
+        finish(out.outputs)
     })
     .await??;
     Ok(Served { answer, batch_rows: out.batch_rows, queue_time: out.queue_time, compute_time: out.compute_time })
@@ -143,7 +144,7 @@ pub async fn off_runtime_if<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, AppError> {
     if large {
-        tokio::task::spawn_blocking(work).await.map_err(|e| AppError::internal(format!("codec task failed: {e}")))
+        tokio::task::spawn_blocking(work).await.map_err(|e| AppError::internal(format!("blocking task failed: {e}")))
     } else {
         Ok(work())
     }

@@ -10,15 +10,15 @@ use crate::state::AppState;
 
 /// The server: its name, version and the protocol extensions it serves.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ServerMetadata {
+pub struct V2ServerMetadata {
     pub name: &'static str,
     pub version: &'static str,
     pub extensions: &'static [&'static str],
 }
 
 /// The server's metadata.
-pub fn server_metadata() -> ServerMetadata {
-    ServerMetadata {
+pub fn server_metadata() -> V2ServerMetadata {
+    V2ServerMetadata {
         name: "inferd",
         version: env!("CARGO_PKG_VERSION"),
         extensions: &["binary_tensor_data", "model_repository"],
@@ -37,39 +37,39 @@ pub fn model_ready(model: &ModelEntry) -> Result<(), AppError> {
 
 /// A tensor's name, KServe data type and shape (`-1` for a variable dimension).
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct TensorMetadata {
+pub struct V2TensorMetadata {
     pub name: String,
     #[schema(value_type = String)]
     pub datatype: DataType,
     pub shape: Vec<i64>,
 }
 
-impl TensorMetadata {
+impl V2TensorMetadata {
     fn all(specs: &[TensorSpec]) -> Vec<Self> {
         specs
             .iter()
-            .map(|s| TensorMetadata { name: s.name.clone(), datatype: s.datatype, shape: s.shape.clone() })
+            .map(|s| V2TensorMetadata { name: s.name.clone(), datatype: s.datatype, shape: s.shape.clone() })
             .collect()
     }
 }
 
 /// A model's inputs and outputs as the protocols see them, and the versions ready to serve.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ModelMetadata {
+pub struct V2ModelMetadata {
     pub name: String,
     /// The versions ready to serve.
     pub versions: Vec<String>,
     pub platform: &'static str,
-    pub inputs: Vec<TensorMetadata>,
-    pub outputs: Vec<TensorMetadata>,
+    pub inputs: Vec<V2TensorMetadata>,
+    pub outputs: Vec<V2TensorMetadata>,
     /// Text models: what they embed.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub parameters: Option<TextParameters>,
+    pub parameters: Option<V2TextParameters>,
 }
 
 /// A text model's task, embedding length and longest text in tokens.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct TextParameters {
+pub struct V2TextParameters {
     /// `embed`.
     pub task: &'static str,
     pub dimensions: usize,
@@ -77,7 +77,7 @@ pub struct TextParameters {
 }
 
 /// The metadata of a loaded model version.
-pub fn model_metadata(state: &AppState, model: &ModelEntry) -> Result<ModelMetadata, AppError> {
+pub fn model_metadata(state: &AppState, model: &ModelEntry) -> Result<V2ModelMetadata, AppError> {
     let loaded = model.serving()?;
     let meta = loaded.metadata();
     let models = state.registry().snapshot();
@@ -86,13 +86,13 @@ pub fn model_metadata(state: &AppState, model: &ModelEntry) -> Result<ModelMetad
         .filter(|m| m.name() == model.name() && m.loaded().is_some())
         .map(|m| m.version().to_string())
         .collect();
-    Ok(ModelMetadata {
+    Ok(V2ModelMetadata {
         name: model.name().to_owned(),
         versions,
         platform: meta.platform,
-        inputs: TensorMetadata::all(&meta.inputs),
-        outputs: TensorMetadata::all(&meta.outputs),
-        parameters: meta.text.as_ref().map(|t| TextParameters {
+        inputs: V2TensorMetadata::all(&meta.inputs),
+        outputs: V2TensorMetadata::all(&meta.outputs),
+        parameters: meta.text.as_ref().map(|t| V2TextParameters {
             task: model.config.task.as_str(),
             dimensions: t.dimensions,
             max_seq_len: t.max_seq_len,

@@ -11,7 +11,7 @@ use crate::state::AppState;
 
 /// One model version in the repository index.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct IndexEntry {
+pub struct V2IndexEntry {
     pub name: String,
     /// Empty for a model of the repository that was never loaded.
     pub version: String,
@@ -22,9 +22,9 @@ pub struct IndexEntry {
 
 /// Every model version with its state and, under `--model-control explicit`, the model folders added since
 /// start-up (`UNAVAILABLE`, not loaded); only the ready ones with `ready_only`.
-pub async fn index(state: &AppState, ready_only: bool) -> Result<Vec<IndexEntry>, AppError> {
+pub async fn index(state: &AppState, ready_only: bool) -> Result<Vec<V2IndexEntry>, AppError> {
     let models = state.registry().snapshot();
-    let mut index: Vec<IndexEntry> = models
+    let mut index: Vec<V2IndexEntry> = models
         .iter()
         .map(|m| {
             let (state, reason) = match m.state() {
@@ -32,7 +32,7 @@ pub async fn index(state: &AppState, ready_only: bool) -> Result<Vec<IndexEntry>
                 ModelState::Loading => ("LOADING", ""),
                 ModelState::Failed(e) | ModelState::Unloaded(e) => ("UNAVAILABLE", e),
             };
-            IndexEntry { name: m.name().into(), version: m.version().to_string(), state, reason: reason.into() }
+            V2IndexEntry { name: m.name().into(), version: m.version().to_string(), state, reason: reason.into() }
         })
         .collect();
     if state.model_control() == ModelControl::Explicit {
@@ -41,7 +41,7 @@ pub async fn index(state: &AppState, ready_only: bool) -> Result<Vec<IndexEntry>
         let unknown = tokio::task::spawn_blocking(move || reader.registry().unknown_folders())
             .await
             .map_err(|e| AppError::internal(format!("reading the repository failed: {e}")))?;
-        index.extend(unknown.into_iter().map(|name| IndexEntry {
+        index.extend(unknown.into_iter().map(|name| V2IndexEntry {
             name,
             version: String::new(),
             state: "UNAVAILABLE",
@@ -53,7 +53,7 @@ pub async fn index(state: &AppState, ready_only: bool) -> Result<Vec<IndexEntry>
 }
 
 /// Model control answers only under `--model-control explicit`, and not while the server drains.
-fn control_allowed(state: &AppState) -> Result<(), AppError> {
+pub fn control_allowed(state: &AppState) -> Result<(), AppError> {
     if state.model_control() != ModelControl::Explicit {
         return Err(AppError::bad_request(
             "model control is off: start inferd with --model-control explicit to load and unload models",

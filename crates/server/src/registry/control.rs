@@ -7,17 +7,8 @@ use std::sync::Arc;
 
 use inferd_core::ModelConfig;
 
-use super::{Loaded, ModelEntry, Registry};
+use super::{ControlError, Loaded, ModelEntry, Registry};
 use crate::codec::quoted;
-
-/// Why model control could not do what it was asked.
-#[derive(Debug, thiserror::Error)]
-pub enum ControlError {
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    Failed(String),
-}
 
 impl Registry {
     /// Waits for model control to be free, and holds it.

@@ -6,6 +6,7 @@
 mod control;
 pub mod readiness;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use inferd_core::ModelConfig;
@@ -15,7 +16,14 @@ use crate::codec::quoted;
 use crate::error::AppError;
 use crate::metrics::{BatchCounts, BatchMetrics, Metrics};
 
-pub use self::control::ControlError;
+/// Why model control could not do what it was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Failed(String),
+}
 
 /// One version of one model, and how far it got.
 pub struct ModelEntry {
@@ -24,6 +32,8 @@ pub struct ModelEntry {
     label: Arc<str>,
     /// Unset while loading; then set once.
     state: OnceLock<Loaded>,
+    /// Set when model control replaced this entry: a request that resolved it before must resolve again.
+    retired: AtomicBool,
 }
 
 enum Loaded {
@@ -48,7 +58,7 @@ pub enum ModelState<'a> {
 impl ModelEntry {
     fn new(config: ModelConfig) -> Arc<ModelEntry> {
         let label = Arc::from(config.name.as_str());
-        Arc::new(ModelEntry { config, label, state: OnceLock::new() })
+        Arc::new(ModelEntry { config, label, state: OnceLock::new(), retired: AtomicBool::new(false) })
     }
 
     fn with(config: ModelConfig, loaded: Loaded) -> Arc<ModelEntry> {
@@ -105,6 +115,11 @@ impl ModelEntry {
         }
     }
 
+    /// Whether model control has replaced this entry since it was resolved.
+    pub fn retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
     /// Whether the server's readiness waits for this model: every one but those model control took out.
     pub fn expected(&self) -> bool {
         !matches!(self.state.get(), Some(Loaded::Unloaded(_)))
@@ -118,8 +133,8 @@ pub struct Registry {
     settings: EngineSettings,
     /// Where each loaded version reports its batches.
     metrics: Arc<Metrics>,
-    /// Sorted by name, then version. Replaced whole, so a reader's snapshot never changes under it. Written only
-    /// by the start-up load's callers and by model control, which hold [`Registry::control`].
+    /// Sorted by name, then version. Replaced whole, so a reader's snapshot never changes under it. Replaced only
+    /// by model control, which holds [`Registry::control`]; the start-up load sets the entries' states.
     models: RwLock<Arc<Vec<Arc<ModelEntry>>>>,
     /// Held by the start-up load and by model control: one load or unload at a time. Owned guards, so that a
     /// load holds it on the blocking pool even when the request that asked for it has gone.
@@ -143,6 +158,11 @@ impl Registry {
             models: RwLock::new(Arc::new(models)),
             control: Arc::new(tokio::sync::Mutex::new(())),
         }
+    }
+
+    /// The server's metrics, which the loaded versions report into.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// Every model version, as they are now.
@@ -225,7 +245,9 @@ impl Registry {
     /// Replaces every version of `name` with `with`.
     fn replace(&self, name: &str, with: Vec<Arc<ModelEntry>>) {
         let mut models = self.models.write().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut next: Vec<Arc<ModelEntry>> = models.iter().filter(|m| m.name() != name).cloned().collect();
+        let (replaced, mut next): (Vec<Arc<ModelEntry>>, Vec<Arc<ModelEntry>>) =
+            models.iter().cloned().partition(|m| m.name() == name);
+        replaced.iter().for_each(|m| m.retired.store(true, Ordering::Release));
         next.extend(with);
         next.sort_by(|a, b| (a.name(), a.version()).cmp(&(b.name(), b.version())));
         *models = Arc::new(next);

@@ -100,7 +100,8 @@ fn model_control_loads_from_the_folder_and_unloads_without_touching_other_models
     model_folder(repo.path(), "a", "");
     let registry = registry(repo.path());
     registry.load_all(|| false);
-    let before = registry.resolve("a", None).expect("a").serving().expect("serving");
+    let resolved = registry.resolve("a", None).expect("a");
+    let before = resolved.serving().expect("serving");
 
     model_folder(repo.path(), "late", "");
     assert_eq!(registry.unknown_folders(), ["late"]);
@@ -109,6 +110,9 @@ fn model_control_loads_from_the_folder_and_unloads_without_touching_other_models
     assert_eq!(registry.load("a").expect("reloads"), [1]);
     let after = registry.resolve("a", None).expect("a").serving().expect("serving");
     assert!(!Arc::ptr_eq(&before, &after), "a reload serves new engines");
+    // A request that resolved the model before the reload (its body still arriving, say) sees it was replaced.
+    assert!(resolved.retired(), "the replaced entry is retired");
+    assert!(!registry.resolve("a", None).expect("a").retired());
 
     registry.unload("a").expect("unloads");
     let error = registry.resolve("a", None).expect("still known").serving().map(drop).expect_err("503");

@@ -17,7 +17,7 @@ use utoipa_axum::routes;
 use super::TextsInput;
 use crate::codec::{quoted, CodecError};
 use crate::error::{body_error, AppError, ErrorKind};
-use crate::ops::infer::{encode, infer, off_runtime_if, INLINE_CODEC_BYTES};
+use crate::ops::infer::{encode, infer, off_runtime_if, INLINE_WORK_BYTES};
 use crate::request::{InflightHold, ServedModel};
 use crate::state::AppState;
 
@@ -142,7 +142,7 @@ async fn embeddings(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OpenAiFailure> {
     let body = body.map_err(body_error)?;
-    let large = body.len() > INLINE_CODEC_BYTES;
+    let large = body.len() > INLINE_WORK_BYTES;
     // The body names the model, so it is parsed before there is a model to decode for: large ones off the runtime.
     let parse = move || {
         serde_json::from_slice::<EmbeddingsRequest>(&body)

@@ -43,7 +43,7 @@ pub fn named_route() -> OpenApiRouter<AppState> {
 )]
 async fn predict_default(
     state: State<AppState>,
-    model: RoutedModel,
+    model: Result<RoutedModel, AppError>,
     hold: InflightHold,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -62,7 +62,7 @@ async fn predict_default(
 )]
 async fn predict_named(
     state: State<AppState>,
-    model: RoutedModel,
+    model: Result<RoutedModel, AppError>,
     hold: InflightHold,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -72,13 +72,13 @@ async fn predict_named(
 
 async fn predict(
     State(state): State<AppState>,
-    RoutedModel(model): RoutedModel,
+    model: Result<RoutedModel, AppError>,
     InflightHold(hold): InflightHold,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, AppError> {
     let deadline = queue_deadline(&headers)?;
-    let model = model.serving()?;
+    let model = model?.serving(state.registry())?;
     let body = body.map_err(body_error)?;
     let limits = *state.limits();
     let inputs = decode(&model, body.len(), move |meta| decode_predict(&body, &meta.inputs, &limits)).await?;

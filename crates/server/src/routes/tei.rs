@@ -116,7 +116,7 @@ async fn embed(
     InflightHold(hold): InflightHold,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, TeiFailure> {
-    let model = model?.0.serving()?;
+    let model = model?.serving(state.registry())?;
     let body = body.map_err(body_error)?;
     let request = decode(&model, body.len(), move |_| {
         let request: EmbedRequest =

@@ -16,8 +16,8 @@ use utoipa_axum::routes;
 use crate::codec::v2::{decode_infer, encode_infer, V2InferRequest, V2InferResponse, JSON_LENGTH_HEADER};
 use crate::error::{body_error, AppError, ErrorBody, InferErrors};
 use crate::ops::infer::{deadline_in, decode, encode, infer};
-use crate::ops::models::{self, ModelMetadata, ServerMetadata, TritonModelConfig};
-use crate::ops::repository::{self, IndexEntry};
+use crate::ops::models::{self, TritonModelConfig, V2ModelMetadata, V2ServerMetadata};
+use crate::ops::repository::{self, V2IndexEntry};
 use crate::request::{InflightHold, RoutedModel};
 use crate::state::AppState;
 
@@ -52,9 +52,9 @@ pub fn inference_routes() -> OpenApiRouter<AppState> {
 }
 
 /// Server metadata.
-#[utoipa::path(get, path = "/v2", tag = "kserve-v2", responses((status = 200, body = ServerMetadata)),
+#[utoipa::path(get, path = "/v2", tag = "kserve-v2", responses((status = 200, body = V2ServerMetadata)),
     security(("api_key" = [])))]
-async fn server_metadata() -> Json<ServerMetadata> {
+async fn server_metadata() -> Json<V2ServerMetadata> {
     Json(models::server_metadata())
 }
 
@@ -82,12 +82,12 @@ pub struct V2IndexRequest {
 /// The models and their states.
 #[utoipa::path(post, path = "/v2/repository/index", tag = "kserve-v2",
     request_body(content = Option<V2IndexRequest>),
-    responses((status = 200, body = Vec<IndexEntry>), (status = 400, body = ErrorBody)),
+    responses((status = 200, body = Vec<V2IndexEntry>), (status = 400, body = ErrorBody)),
     security(("api_key" = [])))]
 async fn repository_index(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Vec<IndexEntry>>, AppError> {
+) -> Result<Json<Vec<V2IndexEntry>>, AppError> {
     let request: V2IndexRequest = optional_json(body, "index")?.unwrap_or_default();
     Ok(Json(repository::index(&state, request.ready).await?))
 }
@@ -127,6 +127,8 @@ async fn repository_load(
     Path(name): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, AppError> {
+    // Model control off, or the server draining, is said before anything about the body.
+    repository::control_allowed(&state)?;
     let request: V2LoadRequest = optional_json(body, "load")?.unwrap_or_default();
     repository::load(&state, name, request.parameters.keys().map(String::as_str)).await?;
     Ok(StatusCode::OK)
@@ -146,18 +148,18 @@ async fn repository_unload(State(state): State<AppState>, Path(name): Path<Strin
 
 /// A model's inputs and outputs.
 #[utoipa::path(get, path = "/v2/models/{model}", tag = "kserve-v2", params(("model" = String, Path, description = "The model")),
-    responses((status = 200, body = ModelMetadata), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
+    responses((status = 200, body = V2ModelMetadata), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("api_key" = [])))]
-async fn model_metadata(State(state): State<AppState>, model: RoutedModel) -> Result<Json<ModelMetadata>, AppError> {
-    Ok(Json(models::model_metadata(&state, &model.0)?))
+async fn model_metadata(State(state): State<AppState>, model: RoutedModel) -> Result<Json<V2ModelMetadata>, AppError> {
+    Ok(Json(models::model_metadata(&state, &*model.current(state.registry())?)?))
 }
 
 /// A model's readiness.
 #[utoipa::path(get, path = "/v2/models/{model}/ready", tag = "kserve-v2", params(("model" = String, Path, description = "The model")),
     responses((status = 200, description = "Ready"), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("api_key" = [])))]
-async fn model_ready(model: RoutedModel) -> Result<StatusCode, AppError> {
-    models::model_ready(&model.0).map(|()| StatusCode::OK)
+async fn model_ready(State(state): State<AppState>, model: RoutedModel) -> Result<StatusCode, AppError> {
+    models::model_ready(&*model.current(state.registry())?).map(|()| StatusCode::OK)
 }
 
 /// A model's configuration, in Triton's terms.
@@ -165,8 +167,8 @@ async fn model_ready(model: RoutedModel) -> Result<StatusCode, AppError> {
     responses((status = 200, body = TritonModelConfig, description = "Triton-style model configuration"),
         (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("api_key" = [])))]
-async fn model_config(model: RoutedModel) -> Result<Json<TritonModelConfig>, AppError> {
-    Ok(Json(models::model_config(&model.0)?))
+async fn model_config(State(state): State<AppState>, model: RoutedModel) -> Result<Json<TritonModelConfig>, AppError> {
+    Ok(Json(models::model_config(&*model.current(state.registry())?)?))
 }
 
 /// The `Inference-Header-Content-Length` header: the length of the body's JSON part.
@@ -185,13 +187,13 @@ fn json_length(headers: &HeaderMap) -> Result<Option<usize>, AppError> {
 /// v2 inference: a JSON body, or JSON followed by binary tensors, and the answer in kind.
 async fn run_infer(
     state: &AppState,
-    RoutedModel(model): RoutedModel,
+    model: Result<RoutedModel, AppError>,
     InflightHold(hold): InflightHold,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, AppError> {
     let json_length = json_length(headers)?;
-    let model = model.serving()?;
+    let model = model?.serving(state.registry())?;
     let body = body.map_err(body_error)?;
     let limits = *state.limits();
     let call = decode(&model, body.len(), move |meta| decode_infer(&body, json_length, meta, &limits)).await?;
@@ -225,7 +227,7 @@ async fn run_infer(
     security(("api_key" = [])))]
 async fn infer_latest(
     State(state): State<AppState>,
-    model: RoutedModel,
+    model: Result<RoutedModel, AppError>,
     hold: InflightHold,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -237,9 +239,9 @@ async fn infer_latest(
 
 /// A model version's inputs and outputs.
 #[utoipa::path(get, path = "/v2/models/{model}/versions/{version}", tag = "kserve-v2", params(("model" = String, Path, description = "The model"), ("version" = String, Path, description = "The version: `1`, or the number of its version folder")),
-    responses((status = 200, body = ModelMetadata), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
+    responses((status = 200, body = V2ModelMetadata), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("api_key" = [])))]
-async fn version_metadata(state: State<AppState>, model: RoutedModel) -> Result<Json<ModelMetadata>, AppError> {
+async fn version_metadata(state: State<AppState>, model: RoutedModel) -> Result<Json<V2ModelMetadata>, AppError> {
     model_metadata(state, model).await
 }
 
@@ -247,8 +249,8 @@ async fn version_metadata(state: State<AppState>, model: RoutedModel) -> Result<
 #[utoipa::path(get, path = "/v2/models/{model}/versions/{version}/ready", tag = "kserve-v2", params(("model" = String, Path, description = "The model"), ("version" = String, Path, description = "The version: `1`, or the number of its version folder")),
     responses((status = 200, description = "Ready"), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("api_key" = [])))]
-async fn version_ready(model: RoutedModel) -> Result<StatusCode, AppError> {
-    model_ready(model).await
+async fn version_ready(state: State<AppState>, model: RoutedModel) -> Result<StatusCode, AppError> {
+    model_ready(state, model).await
 }
 
 /// A model version's configuration.
@@ -256,8 +258,8 @@ async fn version_ready(model: RoutedModel) -> Result<StatusCode, AppError> {
     responses((status = 200, body = TritonModelConfig, description = "Triton-style model configuration"),
         (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("api_key" = [])))]
-async fn version_config(model: RoutedModel) -> Result<Json<TritonModelConfig>, AppError> {
-    model_config(model).await
+async fn version_config(state: State<AppState>, model: RoutedModel) -> Result<Json<TritonModelConfig>, AppError> {
+    model_config(state, model).await
 }
 
 /// Runs an inference on a model version.
@@ -269,7 +271,7 @@ async fn version_config(model: RoutedModel) -> Result<Json<TritonModelConfig>, A
     security(("api_key" = [])))]
 async fn infer_version(
     State(state): State<AppState>,
-    model: RoutedModel,
+    model: Result<RoutedModel, AppError>,
     hold: InflightHold,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
