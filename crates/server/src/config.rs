@@ -284,28 +284,14 @@ impl ServeConfig {
         Some(seconds(self.stall_timeout, Duration::ZERO)).filter(|t| !t.is_zero())
     }
 
-    /// The listener's settings, `max_connections` capped to what `open_files` (the process's limit) leaves room
-    /// for besides the overflow connections and the files the models and libraries hold.
-    pub fn connections(&self, open_files: Option<u64>) -> crate::connections::ConnectionSettings {
-        const RESERVED: u64 = 256;
-        let room = open_files.map_or(usize::MAX, |n| {
-            usize::try_from(n.saturating_sub(RESERVED + crate::connections::OVERFLOW_CONNECTIONS as u64))
-                .unwrap_or(usize::MAX)
-        });
-        let max_connections = self.max_connections.min(room).max(1);
-        if max_connections < self.max_connections {
-            tracing::warn!(
-                asked = self.max_connections,
-                open_files,
-                max_connections,
-                "--max-connections is more than the open-files limit leaves room for: lowered"
-            );
-        }
-        crate::connections::ConnectionSettings {
-            max_connections,
-            header_read_timeout: seconds(self.header_read_timeout, Duration::from_secs(10)),
-            idle_timeout: seconds(self.idle_timeout, Duration::from_secs(75)),
-        }
+    /// From a connection's acceptance, or the first byte of a later request, to the end of that request's head.
+    pub fn header_read_timeout(&self) -> Duration {
+        seconds(self.header_read_timeout, Duration::from_secs(10))
+    }
+
+    /// Between the end of one answer and the first byte of the next request on a kept-alive connection.
+    pub fn idle_timeout(&self) -> Duration {
+        seconds(self.idle_timeout, Duration::from_secs(75))
     }
 
     pub fn drain_timeout(&self) -> Duration {

@@ -29,6 +29,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
+use crate::config::ServeConfig;
 use crate::drain::Drain;
 use crate::error::ErrorBody;
 
@@ -49,6 +50,31 @@ pub struct ConnectionSettings {
     pub header_read_timeout: Duration,
     /// Between the end of one answer and the first byte of the next request on a kept-alive connection.
     pub idle_timeout: Duration,
+}
+
+impl ConnectionSettings {
+    /// The settings of `config`, `max_connections` capped to what `open_files` (the process's limit) leaves room
+    /// for besides the overflow connections and the files the models and libraries hold.
+    pub fn new(config: &ServeConfig, open_files: Option<u64>) -> ConnectionSettings {
+        const RESERVED: u64 = 256;
+        let room = open_files.map_or(usize::MAX, |n| {
+            usize::try_from(n.saturating_sub(RESERVED + OVERFLOW_CONNECTIONS as u64)).unwrap_or(usize::MAX)
+        });
+        let max_connections = config.max_connections.min(room).max(1);
+        if max_connections < config.max_connections {
+            tracing::warn!(
+                asked = config.max_connections,
+                open_files,
+                max_connections,
+                "--max-connections is more than the open-files limit leaves room for: lowered"
+            );
+        }
+        ConnectionSettings {
+            max_connections,
+            header_read_timeout: config.header_read_timeout(),
+            idle_timeout: config.idle_timeout(),
+        }
+    }
 }
 
 /// Requests being served across every connection, and when the last one started: what the drain waits on.

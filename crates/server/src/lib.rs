@@ -86,7 +86,7 @@ impl Server {
     ) -> anyhow::Result<()> {
         let config = self.config;
         let open_files = connections::raise_open_files_limit();
-        let connection_settings = config.connections(open_files);
+        let connection_settings = connections::ConnectionSettings::new(&config, open_files);
         let repository = Repository::new(config.repository());
         let configs = repository.discover()?;
         let defaults = Defaults::choose(

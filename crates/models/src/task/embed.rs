@@ -176,6 +176,12 @@ impl Task for EmbedTask {
             Input::Text(input) => input,
             Input::Tensors(tensors) => Self::texts_of(&tensors)?,
         };
+        if let Some(asked) = input.dimensions.filter(|&asked| asked != self.info.dimensions) {
+            return Err(TaskError::Invalid(format!(
+                "dimensions: this model gives {}-dimensional embeddings and cannot shorten them to {asked}",
+                self.info.dimensions
+            )));
+        }
         let (sequences, tokens) = self.tokenize(&input, max_rows)?;
         let normalize = input.normalize.unwrap_or(self.info.normalize);
         Ok(Prepared {

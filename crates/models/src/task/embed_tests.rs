@@ -104,6 +104,12 @@ fn bad_texts_and_ids_are_the_clients_fault_and_too_many_are_over_the_limit() {
     let bytes = Tensor::from_byte_strings(vec![1], vec![vec![0xff, 0xfe]]).expect("bytes");
     assert!(invalid(Request::new(Input::Tensors(vec![bytes]))).contains("element 0 is not UTF-8"));
     assert!(matches!(task.prepare(texts(&["is", "is", "is"]), 2), Err(TaskError::OverLimit(_))));
+    let mut shorter = TextInput::new(Texts::Strings(vec!["fast".into()]));
+    shorter.dimensions = Some(1);
+    let error = invalid(Request::new(Input::Text(shorter.clone())));
+    assert_eq!(error, "dimensions: this model gives 2-dimensional embeddings and cannot shorten them to 1");
+    shorter.dimensions = Some(2);
+    assert!(task.prepare(Request::new(Input::Text(shorter)), 2).is_ok(), "its own length is fine");
     // Client-tokenized ids are used as they are.
     let sequences = task.prepare(ids_request(vec![vec![2, 7, 3]]), 2).expect("ids").into_sequences();
     assert_eq!(ids(&sequences.expect("sequences")[0]), [2, 7, 3]);

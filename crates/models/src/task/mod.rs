@@ -51,11 +51,13 @@ pub struct TextInput {
     pub truncate: bool,
     /// Unit-length embeddings; `None`: as the model says.
     pub normalize: Option<bool>,
+    /// The embedding's length the client asked for; `None`: the model's own.
+    pub dimensions: Option<usize>,
 }
 
 impl TextInput {
     pub fn new(texts: Texts) -> Self {
-        TextInput { texts, truncate: true, normalize: None }
+        TextInput { texts, truncate: true, normalize: None, dimensions: None }
     }
 }
 

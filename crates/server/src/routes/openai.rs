@@ -164,16 +164,8 @@ async fn embeddings(
     let served_model = ServedModel(entry.label());
     let answer = async {
         let model = entry.serving()?;
-        if let (Some(asked), Some(text)) = (request.dimensions, &model.metadata().text) {
-            if asked != text.dimensions {
-                let own = text.dimensions;
-                return Err(AppError::bad_request(format!(
-                    "dimensions: this model gives {own}-dimensional embeddings and cannot shorten them to {asked}"
-                ))
-                .in_model(model.name()));
-            }
-        }
-        let request = Request::new(Input::Text(TextInput::new(request.input.into())));
+        let input = TextInput { dimensions: request.dimensions, ..TextInput::new(request.input.into()) };
+        let request = Request::new(Input::Text(input));
         let served = infer(&state, &model, request, &hold).await?;
         let headers = served.headers();
         let body = encode(served, move |served| encode_embeddings(model.name(), &served.answer, encoding)).await?;
