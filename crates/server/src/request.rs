@@ -39,63 +39,65 @@ struct Resolved(Result<Arc<ModelEntry>, AppError>, Option<u64>);
 /// model's metrics label, `None` where the server has no such model.
 pub async fn resolve(state: &AppState, from: ModelFrom, parts: &mut Parts) -> Option<Arc<str>> {
     let registry = state.registry();
-    let (resolved, version) = match from {
-        ModelFrom::Default => (
-            default(state, state.defaults().model.as_deref(), || {
-                format!(
-                "this server has several models ({}): use /models/{{model}}/predict, or start it with --default-model",
-                quoted_list(&registry.names(|_| true))
-            )
-            }),
-            None,
-        ),
-        ModelFrom::DefaultEmbed => (
-            default(state, state.defaults().embed.as_deref(), || {
-                let names = registry.names(|m| m.config.task == inferd_core::Task::Embed);
-                if names.is_empty() {
-                    "this server has no text model: /embed serves a model whose task is `embed`".to_owned()
-                } else {
-                    format!(
-                        "this server has several text models ({}): use /models/{{model}}/embed, or start it with \
-                     --default-embed-model",
-                        quoted_list(&names)
-                    )
-                }
-            }),
-            None,
-        ),
+    let (resolved, version, label) = match from {
+        ModelFrom::Default => labelled(default(registry, state.defaults().model.as_deref(), no_default_model)),
+        ModelFrom::DefaultEmbed => {
+            labelled(default(registry, state.defaults().embed.as_deref(), no_default_text_model))
+        }
         ModelFrom::Path => from_path(state, parts).await,
-    };
-    // A model's label, even where the version asked for is not one of its own.
-    let label = match &resolved {
-        Ok(model) => Some(model.label()),
-        Err(_) => path_param(parts, state, MODEL_PARAM).await.and_then(|name| registry.find(&name)).map(|m| m.label()),
     };
     parts.extensions.insert(Resolved(resolved, version));
     label
 }
 
-fn default(state: &AppState, name: Option<&str>, none: impl FnOnce() -> String) -> Result<Arc<ModelEntry>, AppError> {
+/// A route's model or why there is none, the version it asked for, and the model's metrics label.
+type Resolution = (Result<Arc<ModelEntry>, AppError>, Option<u64>, Option<Arc<str>>);
+
+/// A resolution with no version asked for, and its label.
+fn labelled(resolved: Result<Arc<ModelEntry>, AppError>) -> Resolution {
+    let label = resolved.as_ref().ok().map(|m| m.label());
+    (resolved, None, label)
+}
+
+/// The default model `name`, or the 400 that `none` says when there is no default.
+fn default(
+    registry: &Registry,
+    name: Option<&str>,
+    none: fn(&Registry) -> String,
+) -> Result<Arc<ModelEntry>, AppError> {
     match name {
-        Some(name) => state.registry().resolve(name, None),
-        None => Err(AppError::bad_request(none())),
+        Some(name) => registry.resolve(name, None),
+        None => Err(AppError::bad_request(none(registry))),
     }
 }
 
-/// A path parameter of the route, percent-decoded.
-async fn path_param(parts: &mut Parts, state: &AppState, name: &str) -> Option<String> {
-    let params = RawPathParams::from_request_parts(parts, state).await.ok()?;
-    params.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_owned())
+fn no_default_model(registry: &Registry) -> String {
+    let names = quoted_list(&registry.names(|_| true));
+    format!("this server has several models ({names}): use /models/{{model}}/predict, or start it with --default-model")
 }
 
-/// The model and version the path names.
-async fn from_path(state: &AppState, parts: &mut Parts) -> (Result<Arc<ModelEntry>, AppError>, Option<u64>) {
+fn no_default_text_model(registry: &Registry) -> String {
+    let names = registry.names(|m| m.config.task == inferd_core::Task::Embed);
+    if names.is_empty() {
+        return "this server has no text model: /embed serves a model whose task is `embed`".to_owned();
+    }
+    format!(
+        "this server has several text models ({}): use /models/{{model}}/embed, or start it with \
+         --default-embed-model",
+        quoted_list(&names)
+    )
+}
+
+/// The model and version the path names, and the model's label, even where the version is not one of its own.
+async fn from_path(state: &AppState, parts: &mut Parts) -> Resolution {
     let params = match RawPathParams::from_request_parts(parts, state).await {
         Ok(params) => params,
-        Err(e) => return (Err(AppError::bad_request(e.body_text())), None),
+        Err(e) => return (Err(AppError::bad_request(e.body_text())), None, None),
     };
     let param = |name: &str| params.iter().find(|(k, _)| *k == name).map(|(_, v)| v);
     let name = param(MODEL_PARAM).unwrap_or_default();
+    let registry = state.registry();
+    let label_of_name = || registry.find(name).map(|m| m.label());
     let version = match param(VERSION_PARAM) {
         None => None,
         Some(v) => match v.parse::<u64>().ok().filter(|&v| v > 0) {
@@ -103,11 +105,16 @@ async fn from_path(state: &AppState, parts: &mut Parts) -> (Result<Arc<ModelEntr
             None => {
                 let message =
                     format!("model `{}` has no version `{}`: versions are positive numbers", quoted(name), quoted(v));
-                return (Err(AppError::not_found(message)), None);
+                return (Err(AppError::not_found(message)), None, label_of_name());
             }
         },
     };
-    (state.registry().resolve(name, version), version)
+    let resolved = registry.resolve(name, version);
+    let label = match &resolved {
+        Ok(model) => Some(model.label()),
+        Err(_) => label_of_name(),
+    };
+    (resolved, version, label)
 }
 
 /// The model version the route names, as the checkpoint resolved it; or why there is none.

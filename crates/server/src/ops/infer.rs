@@ -67,8 +67,7 @@ pub async fn encode<T: Send + 'static>(
     served: Served,
     encode: impl FnOnce(Served) -> Result<T, CodecError> + Send + 'static,
 ) -> Result<T, AppError> {
-    let large = served.answer.tensors.iter().map(|t| t.element_count() * 12).sum::<usize>() > INLINE_WORK_BYTES;
-    Ok(off_runtime_if(large, move || encode(served)).await??)
+    Ok(off_runtime_if(encodes_large(&served.answer.tensors), move || encode(served)).await??)
 }
 
 /// Runs `request` on `model`: the task's step before the batcher, the batcher, the task's step after it. The
@@ -100,9 +99,8 @@ pub async fn infer(
     request.span = tracing::Span::current();
     let out = model.batcher.infer(request).await?;
     let finish = prepared.finish;
-    let large = out.outputs.iter().map(|t| t.element_count() * 12).sum::<usize>() > INLINE_WORK_BYTES;
     let engine = model.clone();
-    let answer = off_runtime_if(large, move || {
+    let answer = off_runtime_if(encodes_large(&out.outputs), move || {
         // The engine's own outputs are checked, before the task's step makes an answer of them.
         if !allow_non_finite {
             let specs = &engine.engine_metadata().outputs;
@@ -112,6 +110,12 @@ pub async fn infer(
     })
     .await??;
     Ok(Served { answer, batch_rows: out.batch_rows, queue_time: out.queue_time, compute_time: out.compute_time })
+}
+
+/// Whether answering with `tensors` is work for the blocking pool: their JSON text, at about 12 bytes a number,
+/// would be over [`INLINE_WORK_BYTES`].
+fn encodes_large(tensors: &[Tensor]) -> bool {
+    tensors.iter().map(|t| t.element_count() * 12).sum::<usize>() > INLINE_WORK_BYTES
 }
 
 /// The bytes `tensors` hold.
