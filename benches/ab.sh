@@ -22,7 +22,7 @@ TICKS=$(getconf CLK_TCK)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 run() { # run SIDE DIR ROUND
-    "$2/inferd" serve --host 127.0.0.1 --port "$PORT" --log warn --models models/digits \
+    "$2/inferd" serve --host 127.0.0.1 --port "$PORT" --grpc-port 0 --log warn --models models/digits \
         --onnxruntime-lib .cache/onnxruntime/libonnxruntime.so.1.31.1 &
     SERVER_PID=$!
     for _ in $(seq 300); do curl -fsS -o /dev/null "http://127.0.0.1:$PORT/health/ready" 2>/dev/null && break; sleep 0.1; done

@@ -14,7 +14,7 @@ cargo build --locked --release -p inferd-server --bin inferd
 repo=$(mktemp -d)
 trap 'stop_server; rm -rf "$repo"' EXIT
 cp -r models/digits "$repo/"
-target/release/inferd serve --host 127.0.0.1 --port "$PORT" --models "$repo" --max-rows 4096 \
+target/release/inferd serve --host 127.0.0.1 --port "$PORT" --grpc-port 0 --models "$repo" --max-rows 4096 \
     --onnxruntime-lib .cache/onnxruntime/libonnxruntime.so.1.31.1 --log warn &
 SERVER_PID=$!
 wait_ready

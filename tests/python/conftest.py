@@ -5,6 +5,7 @@ import contextlib
 import os
 import pathlib
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -16,15 +17,23 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-@contextlib.contextmanager
-def start_inferd(models, *args):
-    """A running inferd serving the repository `models` with extra command-line `args`; yields its address once
-    every model has loaded (or failed), and stops it afterwards, checking that it exits 0."""
+def free_port():
+    """A TCP port nothing listens on now (the kernel's pick), for a listener that cannot take port 0."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_inferd(models, *args, grpc=False):
+    """Starts inferd serving the repository `models` with extra command-line `args`, on free ports (gRPC too with
+    `grpc`, else none); returns `(process, http_address, grpc_address or None)` once every model has loaded (or
+    failed). The caller stops it."""
     binary = os.environ.get("INFERD_BIN", str(ROOT / "target" / "debug" / "inferd"))
     lib = ROOT / ".cache" / "onnxruntime" / "libonnxruntime.so.1.31.1"
+    grpc_port = free_port() if grpc else 0
     proc = subprocess.Popen(
-        [binary, "serve", "--host", "127.0.0.1", "--port", "0", "--models", str(models),
-         "--onnxruntime-lib", str(lib), *args],
+        [binary, "serve", "--host", "127.0.0.1", "--port", "0", "--grpc-port", str(grpc_port),
+         "--models", str(models), "--onnxruntime-lib", str(lib), *args],
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -55,8 +64,16 @@ def start_inferd(models, *args):
         except OSError:
             pass
         time.sleep(0.05)
+    return proc, address, (f"127.0.0.1:{grpc_port}" if grpc else None)
+
+
+@contextlib.contextmanager
+def start_inferd(models, *args, grpc=False):
+    """A running inferd (see `launch_inferd`); yields its address, or `(http_address, grpc_address)` with `grpc`,
+    and stops it afterwards, checking that it exits 0."""
+    proc, address, grpc_address = launch_inferd(models, *args, grpc=grpc)
     try:
-        yield address
+        yield (address, grpc_address) if grpc else address
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0, "inferd exits 0 on SIGTERM"

@@ -99,6 +99,11 @@ pub trait BatchObserver: Send + Sync {
     /// One engine run of `rows` rows took `compute_time`; `ok` is false when the engine failed or panicked, or
     /// its outputs did not fit the model. Called once per run, also for the reruns that isolate a failure.
     fn batch_done(&self, rows: usize, compute_time: Duration, ok: bool);
+    /// A request (or a piece of a split one) of `rows` rows was answered, `elapsed` after it was queued: with
+    /// its outputs when `ok`, else with its engine's error. Nothing by default.
+    fn request_answered(&self, rows: usize, elapsed: Duration, ok: bool) {
+        let _ = (rows, elapsed, ok);
+    }
     /// A text batch is about to run: `real` tokens, padded to `padded`. Once per run; nothing by default.
     fn tokens_batched(&self, real: usize, padded: usize) {
         let _ = (real, padded);

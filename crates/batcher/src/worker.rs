@@ -80,12 +80,14 @@ impl Worker {
                         compute_us = compute_time.as_micros() as u64,
                         "served"
                     );
+                    self.observer.request_answered(p.rows, p.enqueued_at.elapsed(), true);
                     let _ = p.reply.send(Ok(InferResponse { outputs, batch_rows: rows, queue_time, compute_time }));
                 }
             }
             Err(error) if batch.len() == 1 => {
                 for p in batch {
                     tracing::warn!(parent: &p.span, model = %name, %error, "the request failed");
+                    self.observer.request_answered(p.rows, p.enqueued_at.elapsed(), false);
                     let _ = p.reply.send(Err(error.clone()));
                 }
             }

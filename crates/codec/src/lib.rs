@@ -3,6 +3,7 @@
 //! and a model's metadata, and gives tensors or a [`CodecError`].
 
 mod elements;
+pub mod grpc;
 pub mod json;
 pub mod predict;
 pub mod v2;

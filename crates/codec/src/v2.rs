@@ -224,7 +224,7 @@ fn decode_binary(datatype: DataType, shape: Vec<usize>, count: usize, bytes: &[u
 }
 
 /// A BYTES tensor from its binary form.
-fn decode_binary_strings(shape: Vec<usize>, count: usize, bytes: &[u8]) -> Result<Tensor, String> {
+pub(crate) fn decode_binary_strings(shape: Vec<usize>, count: usize, bytes: &[u8]) -> Result<Tensor, String> {
     let mut elements = Vec::new();
     let mut rest = bytes;
     while rest.len() >= 4 {
@@ -281,7 +281,7 @@ pub struct V2BinaryOutput {
 }
 
 /// The binary form of a tensor (see [`decode_binary`]).
-fn binary_form(t: &Tensor, out: &mut Vec<u8>) {
+pub(crate) fn binary_form(t: &Tensor, out: &mut Vec<u8>) {
     match (t.raw_bytes(), t.byte_strings()) {
         (Some(bytes), _) => out.extend_from_slice(bytes),
         (None, Some(strings)) => {

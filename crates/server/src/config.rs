@@ -68,6 +68,11 @@ pub struct ServeConfig {
     #[arg(long, env = "INFERD_PORT", default_value_t = 8080)]
     pub port: u16,
 
+    /// Port for KServe v2 over gRPC (Triton's gRPC clients, perf_analyzer, gRPC health probes), on the same
+    /// address; 0 serves no gRPC.
+    #[arg(long, env = "INFERD_GRPC_PORT", default_value_t = 8001)]
+    pub grpc_port: u16,
+
     /// The model that POST /predict serves; needed when the repository holds several.
     #[arg(long, env = "INFERD_DEFAULT_MODEL")]
     pub default_model: Option<String>,

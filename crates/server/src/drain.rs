@@ -59,6 +59,19 @@ impl Drain {
         });
     }
 
+    /// The phase as it changes, for those that act on each change (the gRPC health service).
+    pub fn watch(&self) -> watch::Receiver<Phase> {
+        self.phase.subscribe()
+    }
+
+    /// Resolves once the server takes no new connections (the closing phase, or later).
+    pub async fn closing(&self) {
+        let mut phase = self.phase.subscribe();
+        if phase.wait_for(|p| matches!(p, Phase::Closing { .. } | Phase::Expired)).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// Resolves once the drain timeout has passed; never, if it does not.
     pub async fn expired(&self) {
         let mut phase = self.phase.subscribe();
@@ -86,7 +99,7 @@ impl Drain {
         self.phase.send_replace(Phase::Closing { since: Instant::now() });
     }
 
-    /// Waits for the HTTP server task to finish: for as long as it likes until the closing phase begins, then
+    /// Waits for the server task (HTTP, and gRPC when served) to finish: for as long as it likes until the closing phase begins, then
     /// for what is left of the drain timeout. Past that the drain expires (the handlers still running answer
     /// 503), the answers get a moment to be written, and the task is aborted.
     pub async fn finish(&self, mut server: JoinHandle<std::io::Result<()>>) -> anyhow::Result<()> {
@@ -121,5 +134,5 @@ impl Drain {
 
 fn served_result(served: Result<std::io::Result<()>, tokio::task::JoinError>) -> anyhow::Result<()> {
     use anyhow::Context;
-    served.context("the HTTP server task failed")?.context("the HTTP server failed")
+    served.context("the server task failed")?.context("the server failed")
 }

@@ -26,6 +26,8 @@ pub enum ErrorKind {
     Overloaded,
     /// Not ready, draining, or timed out.
     Unavailable,
+    /// The request's deadline passed before it was served: a 503 over HTTP, `DEADLINE_EXCEEDED` over gRPC.
+    DeadlineExceeded,
     /// Our fault.
     Internal,
 }
@@ -40,8 +42,22 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::Overloaded => StatusCode::TOO_MANY_REQUESTS,
-            ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Unavailable | ErrorKind::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The same table over gRPC: each kind's status code.
+    pub fn grpc_code(self) -> tonic::Code {
+        match self {
+            ErrorKind::BadRequest => tonic::Code::InvalidArgument,
+            ErrorKind::Unauthorized => tonic::Code::Unauthenticated,
+            ErrorKind::NotFound => tonic::Code::NotFound,
+            ErrorKind::MethodNotAllowed => tonic::Code::Unimplemented,
+            ErrorKind::PayloadTooLarge | ErrorKind::Overloaded => tonic::Code::ResourceExhausted,
+            ErrorKind::Unavailable => tonic::Code::Unavailable,
+            ErrorKind::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+            ErrorKind::Internal => tonic::Code::Internal,
         }
     }
 }
@@ -111,7 +127,8 @@ impl From<BatchError> for AppError {
     fn from(e: BatchError) -> Self {
         let kind = match e {
             BatchError::QueueFull { .. } => ErrorKind::Overloaded,
-            BatchError::Unavailable(_) | BatchError::DeadlineExceeded => ErrorKind::Unavailable,
+            BatchError::Unavailable(_) => ErrorKind::Unavailable,
+            BatchError::DeadlineExceeded => ErrorKind::DeadlineExceeded,
             BatchError::InvalidInput(_) => ErrorKind::BadRequest,
             BatchError::Engine(_) => ErrorKind::Internal,
         };
@@ -128,6 +145,15 @@ pub fn body_error(rejection: BytesRejection) -> AppError {
         )
     } else {
         AppError::bad_request(rejection.body_text())
+    }
+}
+
+impl From<AppError> for tonic::Status {
+    fn from(e: AppError) -> Self {
+        if e.kind == ErrorKind::Internal {
+            tracing::warn!(error = %e.message, "request failed");
+        }
+        tonic::Status::new(e.kind.grpc_code(), e.message)
     }
 }
 
@@ -154,7 +180,7 @@ impl AppError {
         }
         let kind = self.kind;
         let mut response = (status, Json(body(self.message))).into_response();
-        if matches!(kind, ErrorKind::Overloaded | ErrorKind::Unavailable) {
+        if matches!(kind, ErrorKind::Overloaded | ErrorKind::Unavailable | ErrorKind::DeadlineExceeded) {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         if kind == ErrorKind::Unauthorized {

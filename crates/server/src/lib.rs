@@ -14,6 +14,7 @@ pub mod connections;
 pub mod drain;
 pub mod error;
 pub mod gpu;
+pub mod grpc;
 mod healthcheck;
 pub mod metrics;
 pub mod ops;
@@ -56,11 +57,18 @@ pub struct Server {
     config: ServeConfig,
     gpu_probe: Option<Arc<dyn GpuProbe>>,
     engine_builder: Option<EngineBuilder>,
+    grpc_listener: Option<TcpListener>,
 }
 
 impl Server {
     pub fn new(config: ServeConfig) -> Self {
-        Server { config, gpu_probe: None, engine_builder: None }
+        Server { config, gpu_probe: None, engine_builder: None, grpc_listener: None }
+    }
+
+    /// Serves KServe v2 over gRPC on `listener` too, beside HTTP.
+    pub fn with_grpc_listener(mut self, listener: TcpListener) -> Self {
+        self.grpc_listener = Some(listener);
+        self
     }
 
     /// Replaces the system's GPU probe (NVML where present), for tests.
@@ -123,8 +131,32 @@ impl Server {
             move || state.models().iter().filter_map(|m| m.loaded()).for_each(|m| m.batcher.flush())
         };
         let closing = drain.clone().until_closing(shutdown, flush);
-        let server =
-            tokio::spawn(connections::serve(listener, app(state.clone()), connection_settings, drain.clone(), closing));
+        let http = connections::serve(listener, app(state.clone()), connection_settings, drain.clone(), closing);
+        let grpc = match self.grpc_listener {
+            Some(listener) => {
+                let (grpc_app, health) = grpc::app(state.clone());
+                tracing::info!(grpc_addr = %listener.local_addr()?, "serving gRPC");
+                let reporter = tokio::spawn(grpc::report_health(state.clone(), health));
+                let served = grpc::serve(listener, grpc_app, connection_settings.max_connections, drain.clone());
+                Some(async move {
+                    let done = served.await;
+                    reporter.abort();
+                    done
+                })
+            }
+            None => None,
+        };
+        // One task for both listeners: the drain bounds them together, and aborting it stops both.
+        let server = tokio::spawn(async move {
+            let grpc = async move {
+                match grpc {
+                    Some(served) => served.await,
+                    None => Ok(()),
+                }
+            };
+            let (http, grpc) = tokio::join!(http, grpc);
+            http.and(grpc)
+        });
         let served = drain.finish(server).await;
         drop(background);
         // Model control may have loaded models since start-up: stop the ones there are now.
@@ -206,9 +238,22 @@ async fn stop_batchers(models: Vec<Arc<ModelEntry>>) {
     let _ = stopped.await;
 }
 
-/// Binds `--host:--port` and serves until `shutdown` resolves.
+/// Binds `--host:--port` (and `--grpc-port` unless 0) and serves until `shutdown` resolves.
 pub async fn run(config: ServeConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     let addr = std::net::SocketAddr::new(config.host, config.port);
     let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-    Server::new(config).serve(listener, shutdown).await
+    let grpc = match config.grpc_port {
+        0 => None,
+        port => {
+            let addr = std::net::SocketAddr::new(config.host, port);
+            Some(TcpListener::bind(addr).await.with_context(|| format!("cannot listen for gRPC on {addr}"))?)
+        }
+    };
+    let server = Server::new(config);
+    match grpc {
+        Some(listener) => server.with_grpc_listener(listener),
+        None => server,
+    }
+    .serve(listener, shutdown)
+    .await
 }

@@ -61,10 +61,12 @@ pub enum Protocol {
     Tei,
     /// OpenAI's `/v1/embeddings`.
     OpenAi,
+    /// KServe v2 over gRPC: `ModelInfer`, and each request on a `ModelStreamInfer` stream.
+    Grpc,
 }
 
 impl Protocol {
-    pub const ALL: [Protocol; 4] = [Protocol::Predict, Protocol::V2, Protocol::Tei, Protocol::OpenAi];
+    pub const ALL: [Protocol; 5] = [Protocol::Predict, Protocol::V2, Protocol::Tei, Protocol::OpenAi, Protocol::Grpc];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -72,6 +74,7 @@ impl Protocol {
             Protocol::V2 => "v2",
             Protocol::Tei => "tei",
             Protocol::OpenAi => "openai",
+            Protocol::Grpc => "grpc",
         }
     }
 }
@@ -97,7 +100,7 @@ pub struct Metrics {
     handle: PrometheusHandle,
     /// The request-side series of each model, one per protocol (in `Protocol::ALL` order), registered at
     /// start-up so that a request costs no registry lookup or label allocation.
-    routes: HashMap<String, [RouteSeries; 4]>,
+    routes: HashMap<String, [RouteSeries; Protocol::ALL.len()]>,
 }
 
 /// One model's series over one protocol.
@@ -196,11 +199,19 @@ impl Metrics {
     }
 
     /// The in-flight gauge of `model` over `protocol`.
-    pub fn in_flight(&self, model: &str, protocol: Protocol) -> Gauge {
+    fn in_flight(&self, model: &str, protocol: Protocol) -> Gauge {
         match self.route(model, protocol) {
             Some(series) => series.in_flight.clone(),
             None => self.register_in_flight(model, protocol),
         }
+    }
+
+    /// Counts one request of `model` over `protocol` in flight until the guard is dropped: also when the request's
+    /// future is dropped part-way (its client gone).
+    pub fn enter(&self, model: &str, protocol: Protocol) -> InFlight {
+        let gauge = self.in_flight(model, protocol);
+        gauge.increment(1);
+        InFlight(gauge)
     }
 
     fn register_in_flight(&self, model: &str, protocol: Protocol) -> Gauge {
@@ -290,6 +301,15 @@ impl Metrics {
     }
 }
 
+/// One request on an in-flight gauge ([`Metrics::enter`]), taken off when dropped.
+pub struct InFlight(Gauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.decrement(1);
+    }
+}
+
 /// One model version's batch-side figures, fed by its batcher from the worker threads: the model's Prometheus
 /// series (which its versions share), and the version's own counts, which `/health` shows. The one place these
 /// events are counted.
@@ -303,12 +323,33 @@ pub struct BatchMetrics {
     pub counts: BatchCounts,
 }
 
-/// One model version's counts since it loaded.
+/// One model version's counts since it loaded: what `/health` shows, and the statistics Triton's clients read.
 #[derive(Debug, Default)]
 pub struct BatchCounts {
+    /// Requests queued.
     pub requests: AtomicU64,
+    /// Engine runs, and their time in all.
     pub batches: AtomicU64,
+    pub compute_ns: AtomicU64,
+    /// Rows run.
     pub rows: AtomicU64,
+    /// Requests (or pieces of split ones) whose batch started, and their time in the queue in all.
+    pub started: AtomicU64,
+    pub queue_ns: AtomicU64,
+    /// Requests answered with outputs, their rows, and their time from queue to answer in all.
+    pub succeeded: AtomicU64,
+    pub succeeded_rows: AtomicU64,
+    pub succeeded_ns: AtomicU64,
+    /// Requests answered with their engine's error, and their time from queue to answer in all.
+    pub failed: AtomicU64,
+    pub failed_ns: AtomicU64,
+    /// When the last request was answered, in milliseconds since the Unix epoch; 0 before the first.
+    pub last_answer_ms: AtomicU64,
+}
+
+/// Nanoseconds of `d`, saturated.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl BatchObserver for BatchMetrics {
@@ -318,10 +359,27 @@ impl BatchObserver for BatchMetrics {
 
     fn request_started(&self, queue_time: Duration) {
         self.queue.record(queue_time.as_secs_f64());
+        self.counts.started.fetch_add(1, Ordering::Relaxed);
+        self.counts.queue_ns.fetch_add(nanos(queue_time), Ordering::Relaxed);
+    }
+
+    fn request_answered(&self, rows: usize, elapsed: Duration, ok: bool) {
+        let c = &self.counts;
+        if ok {
+            c.succeeded.fetch_add(1, Ordering::Relaxed);
+            c.succeeded_rows.fetch_add(rows as u64, Ordering::Relaxed);
+            c.succeeded_ns.fetch_add(nanos(elapsed), Ordering::Relaxed);
+        } else {
+            c.failed.fetch_add(1, Ordering::Relaxed);
+            c.failed_ns.fetch_add(nanos(elapsed), Ordering::Relaxed);
+        }
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        c.last_answer_ms.store(u64::try_from(now.as_millis()).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     fn batch_done(&self, rows: usize, compute_time: Duration, ok: bool) {
         self.counts.batches.fetch_add(1, Ordering::Relaxed);
+        self.counts.compute_ns.fetch_add(nanos(compute_time), Ordering::Relaxed);
         self.counts.rows.fetch_add(rows as u64, Ordering::Relaxed);
         self.rows.record(rows as f64);
         self.compute.record(compute_time.as_secs_f64());

@@ -98,16 +98,9 @@ async fn from_path(state: &AppState, parts: &mut Parts) -> Resolution {
     let name = param(MODEL_PARAM).unwrap_or_default();
     let registry = state.registry();
     let label_of_name = || registry.find(name).map(|m| m.label());
-    let version = match param(VERSION_PARAM) {
-        None => None,
-        Some(v) => match v.parse::<u64>().ok().filter(|&v| v > 0) {
-            Some(v) => Some(v),
-            None => {
-                let message =
-                    format!("model `{}` has no version `{}`: versions are positive numbers", quoted(name), quoted(v));
-                return (Err(AppError::not_found(message)), None, label_of_name());
-            }
-        },
+    let version = match param(VERSION_PARAM).map(|v| parse_version(name, v)).transpose() {
+        Ok(version) => version,
+        Err(e) => return (Err(e), None, label_of_name()),
     };
     let resolved = registry.resolve(name, version);
     let label = match &resolved {
@@ -115,6 +108,24 @@ async fn from_path(state: &AppState, parts: &mut Parts) -> Resolution {
         Err(_) => label_of_name(),
     };
     (resolved, version, label)
+}
+
+/// A version as a request names it: a positive number.
+fn parse_version(model: &str, version: &str) -> Result<u64, AppError> {
+    version.parse::<u64>().ok().filter(|&v| v > 0).ok_or_else(|| {
+        AppError::not_found(format!(
+            "model `{}` has no version `{}`: versions are positive numbers",
+            quoted(model),
+            quoted(version)
+        ))
+    })
+}
+
+/// The model `name` at `version`, as a message body names them (gRPC's): an empty version is the one the model's
+/// policy serves.
+pub fn resolve_named(registry: &Registry, name: &str, version: &str) -> Result<Arc<ModelEntry>, AppError> {
+    let version = (!version.is_empty()).then(|| parse_version(name, version)).transpose()?;
+    registry.resolve(name, version)
 }
 
 /// The model version the route names, as the checkpoint resolved it; or why there is none.

@@ -48,7 +48,7 @@ impl Inferd {
     fn start_with_env(repo: &Path, args: &[&str], env: &[(&str, &str)]) -> Inferd {
         let lib = workspace().join(".cache/onnxruntime/libonnxruntime.so.1.31.1");
         let mut command = Command::new(env!("CARGO_BIN_EXE_inferd"));
-        command.args(["serve", "--host", "127.0.0.1", "--port", "0", "--models"]).arg(repo);
+        command.args(["serve", "--host", "127.0.0.1", "--port", "0", "--grpc-port", "0", "--models"]).arg(repo);
         if !args.contains(&"--onnxruntime-lib") {
             command.arg("--onnxruntime-lib").arg(&lib);
         }
@@ -224,7 +224,7 @@ async fn a_missing_onnx_runtime_fails_only_the_onnx_models() {
 fn a_broken_model_toml_stops_start_up_naming_the_file_and_field() {
     let repo = repo(&["digits-candle"], |t| t.replace("max_batch_size = 64", "max_batch_size = 70000"));
     let out = Command::new(env!("CARGO_BIN_EXE_inferd"))
-        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--models"])
+        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--grpc-port", "0", "--models"])
         .arg(repo.path())
         .output()
         .expect("runs");
@@ -355,7 +355,7 @@ fn limits_after_start(ulimit: &str) -> (String, String) {
     let repo = repo(&["digits-candle"], |t| t);
     let mut child = Command::new("sh")
         .args(["-c", &format!("ulimit {ulimit} && exec \"$0\" \"$@\""), env!("CARGO_BIN_EXE_inferd")])
-        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--models"])
+        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--grpc-port", "0", "--models"])
         .arg(repo.path())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -59,11 +59,11 @@ pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: 
     let metrics = state.metrics();
     let counted = guard.protocol.map(|protocol| (protocol, guard.model.is_some()));
     let in_flight = match counted {
-        Some((protocol, true)) => Some(Held::new(metrics.in_flight(label.as_deref().unwrap_or_default(), protocol))),
+        Some((protocol, true)) => Some(metrics.enter(label.as_deref().unwrap_or_default(), protocol)),
         _ => None,
     };
     let started = Instant::now();
-    let response = match guard.protected.then(|| authorize(state, &parts)) {
+    let response = match guard.protected.then(|| authorize(state, &parts.headers)) {
         Some(Err(refused)) => (guard.refuse)(refused),
         _ => {
             let timeout = state.request_timeout();
@@ -106,32 +106,14 @@ pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: 
     response
 }
 
-/// One request on an in-flight gauge, taken off when dropped: also when its client goes away and the request's
-/// future is dropped part-way.
-struct Held(metrics::Gauge);
-
-impl Held {
-    fn new(gauge: metrics::Gauge) -> Self {
-        gauge.increment(1);
-        Held(gauge)
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.0.decrement(1);
-    }
-}
-
 /// Lets a request through when no key is configured or it carries one of the keys. Keys are compared in
-/// constant time, every key every time.
-fn authorize(state: &AppState, parts: &axum::http::request::Parts) -> Result<(), AppError> {
+/// constant time, every key every time. gRPC sends the key the same way, in its metadata.
+pub fn authorize(state: &AppState, headers: &axum::http::HeaderMap) -> Result<(), AppError> {
     let keys = state.api_keys();
     if keys.is_empty() {
         return Ok(());
     }
-    let given = parts
-        .headers
+    let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once(' '))

@@ -5,6 +5,8 @@
 mod checkpoint;
 mod openapi;
 
+pub(crate) use checkpoint::authorize;
+
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware;
@@ -60,8 +62,7 @@ pub fn api(state: &AppState) -> (Router<AppState>, utoipa::openapi::OpenApi) {
 pub fn app(state: AppState) -> Router {
     let max_body = state.max_body_bytes();
     let (routes, api) = api(&state);
-    let request_id = HeaderName::from_static(REQUEST_ID_HEADER);
-    routes
+    let routes = routes
         .merge(utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api))
         .fallback(|| async { AppError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
@@ -71,7 +72,18 @@ pub fn app(state: AppState) -> Router {
         // The body limit applies to what the decompression layer hands on, so a small compressed body cannot
         // expand past it.
         .layer(tower_http::decompression::RequestDecompressionLayer::new())
-        .layer(tower_http::compression::CompressionLayer::new())
+        .layer(tower_http::compression::CompressionLayer::new());
+    outer_layers(routes, || AppError::internal("the request handler panicked").into_response()).with_state(state)
+}
+
+/// The layers every request passes first, over HTTP and gRPC alike: its request id (screened, made where
+/// missing, echoed), its span, and a panic answered with `panicked`'s response.
+pub(crate) fn outer_layers<S: Clone + Send + Sync + 'static>(
+    routes: Router<S>,
+    panicked: fn() -> axum::response::Response,
+) -> Router<S> {
+    let request_id = HeaderName::from_static(REQUEST_ID_HEADER);
+    routes
         .layer(PropagateRequestIdLayer::new(request_id.clone()))
         .layer(
             TraceLayer::new_for_http()
@@ -82,10 +94,7 @@ pub fn app(state: AppState) -> Router {
         )
         .layer(SetRequestIdLayer::new(request_id, RandomRequestId))
         .layer(middleware::map_request(screen_request_id))
-        .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
-            AppError::internal("the request handler panicked").into_response()
-        }))
-        .with_state(state)
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(move |_| panicked()))
 }
 
 /// The longest request id a client may choose.

@@ -119,7 +119,7 @@ impl IntoResponse for OpenAiFailure {
     fn into_response(self) -> Response {
         let (kind, code) = match self.0.kind {
             ErrorKind::Overloaded => ("rate_limit_error", None),
-            ErrorKind::Unavailable | ErrorKind::Internal => ("server_error", None),
+            ErrorKind::Unavailable | ErrorKind::DeadlineExceeded | ErrorKind::Internal => ("server_error", None),
             ErrorKind::Unauthorized => ("authentication_error", Some("invalid_api_key")),
             ErrorKind::NotFound => ("invalid_request_error", Some("model_not_found")),
             _ => ("invalid_request_error", None),

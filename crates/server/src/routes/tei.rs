@@ -71,7 +71,7 @@ impl IntoResponse for TeiFailure {
     fn into_response(self) -> Response {
         let error_type = match self.0.kind {
             ErrorKind::Overloaded => "Overloaded",
-            ErrorKind::Unavailable => "Unhealthy",
+            ErrorKind::Unavailable | ErrorKind::DeadlineExceeded => "Unhealthy",
             ErrorKind::Internal => "Backend",
             _ => "Validation",
         };

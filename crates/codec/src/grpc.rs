@@ -1,0 +1,257 @@
+//! The KServe v2 inference messages over gRPC (`proto/inference.proto`, wire-compatible with Triton's): a
+//! `ModelInferRequest` decoded into the model's input tensors within the server's limits, and the answer's tensors
+//! encoded back, one `raw_output_contents` entry per output (what Triton's clients read). Inputs may come as
+//! `raw_input_contents` (what Triton's clients send) or typed `contents`; FP16 and BF16 have no typed field, so
+//! they come raw only.
+
+use std::time::Duration;
+
+use inferd_core::{element_count, DataType, ModelMetadata, Tensor, TensorSpec};
+
+use super::v2::{binary_form, decode_binary_strings};
+use super::{names, quoted, shape_text, CodecError, Limits};
+
+/// The messages and the service's types, generated from `proto/inference.proto`.
+#[allow(clippy::all, missing_docs)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/inference.rs"));
+}
+
+use proto::infer_parameter::ParameterChoice;
+use proto::model_infer_request::InferInputTensor;
+use proto::model_infer_response::InferOutputTensor;
+use proto::{InferParameter, InferTensorContents, ModelInferRequest, ModelInferResponse};
+
+/// The request parameter that gives, in microseconds, how long the request may wait in the queue.
+pub const TIMEOUT_PARAMETER: &str = "timeout";
+
+/// A decoded gRPC inference request.
+#[derive(Debug)]
+pub struct GrpcCall {
+    pub id: String,
+    /// In the model's input order.
+    pub inputs: Vec<Tensor>,
+    /// The outputs to answer with, in the order asked: indices into the model's outputs.
+    pub outputs: Vec<usize>,
+    pub timeout: Option<Duration>,
+}
+
+/// Decodes `request` for the model `meta` describes, within `limits`. Takes the request by value so that raw
+/// input bytes become tensors without a copy. Parameters other than the timeout (Triton's `priority`,
+/// `binary_data_output`, `triton_enable_empty_final_response`, ...) are accepted and ignored, as over HTTP.
+pub fn decode_infer(request: ModelInferRequest, meta: &ModelMetadata, limits: &Limits) -> Result<GrpcCall, CodecError> {
+    let invalid = |m: String| CodecError::Invalid(m);
+    let ModelInferRequest { id, parameters, inputs, outputs, raw_input_contents, .. } = request;
+    let raw = !raw_input_contents.is_empty();
+    if raw && raw_input_contents.len() != inputs.len() {
+        return Err(invalid(format!(
+            "the request has {} inputs but {} raw_input_contents: give one per input, in the same order",
+            inputs.len(),
+            raw_input_contents.len()
+        )));
+    }
+    let mut raw_contents = raw_input_contents.into_iter();
+    let mut decoded: Vec<Option<Tensor>> = vec![None; meta.inputs.len()];
+    let mut elements = 0;
+    for input in inputs {
+        let slot = meta.inputs.iter().position(|s| s.name == input.name).ok_or_else(|| {
+            invalid(format!("unexpected input `{}`: the model takes {}", quoted(&input.name), names(&meta.inputs)))
+        })?;
+        if decoded[slot].is_some() {
+            return Err(invalid(format!("input `{}` is given twice", quoted(&input.name))));
+        }
+        let raw = raw_contents.next();
+        let (tensor, count) = decode_input(input, raw, &meta.inputs[slot], limits, elements)?;
+        decoded[slot] = Some(tensor);
+        elements = count;
+    }
+    let inputs = decoded
+        .into_iter()
+        .zip(&meta.inputs)
+        .map(|(t, spec)| t.ok_or_else(|| invalid(format!("missing input `{}`", spec.name))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut chosen: Vec<usize> = Vec::with_capacity(outputs.len().min(meta.outputs.len()));
+    for o in &outputs {
+        let name = quoted(&o.name);
+        if o.parameters.contains_key("classification") {
+            return Err(invalid(format!("output `{name}`: the classification extension is not supported")));
+        }
+        let i =
+            meta.outputs.iter().position(|s| s.name == o.name).ok_or_else(|| {
+                invalid(format!("unexpected output `{name}`: the model gives {}", names(&meta.outputs)))
+            })?;
+        if chosen.contains(&i) {
+            return Err(invalid(format!("output `{name}` is asked for twice")));
+        }
+        chosen.push(i);
+    }
+    if outputs.is_empty() {
+        chosen = (0..meta.outputs.len()).collect();
+    }
+    let timeout = parameters.get(TIMEOUT_PARAMETER).map(microseconds).transpose()?.map(Duration::from_micros);
+    Ok(GrpcCall { id, inputs, outputs: chosen, timeout })
+}
+
+/// A parameter that holds a count of microseconds.
+fn microseconds(parameter: &InferParameter) -> Result<u64, CodecError> {
+    match parameter.parameter_choice {
+        Some(ParameterChoice::Int64Param(v)) if v >= 0 => Ok(v as u64),
+        Some(ParameterChoice::Uint64Param(v)) => Ok(v),
+        _ => Err(CodecError::Invalid(format!(
+            "parameter `{TIMEOUT_PARAMETER}` must be a non-negative integer (microseconds)"
+        ))),
+    }
+}
+
+/// Decodes one input from its raw bytes, or else its typed contents. Returns the tensor and the request's
+/// elements so far, `elements_before` included.
+fn decode_input(
+    input: InferInputTensor,
+    raw: Option<Vec<u8>>,
+    spec: &TensorSpec,
+    limits: &Limits,
+    elements_before: usize,
+) -> Result<(Tensor, usize), CodecError> {
+    let name = quoted(&input.name);
+    let invalid = |m: String| CodecError::Invalid(format!("input `{name}`: {m}"));
+    let datatype: DataType = input.datatype.parse().map_err(|e| invalid(format!("{e}")))?;
+    let shape = input
+        .shape
+        .iter()
+        .map(|&d| {
+            usize::try_from(d)
+                .map_err(|_| invalid(format!("shape {} has a negative dimension", shape_text(&input.shape))))
+        })
+        .collect::<Result<Vec<usize>, _>>()?;
+    if !spec.accepts(&shape) {
+        return Err(invalid(format!("shape {} does not fit the model's {:?}", shape_text(&shape), spec.shape)));
+    }
+    if datatype != spec.datatype {
+        return Err(invalid(format!("the model takes {}, got {datatype}", spec.datatype)));
+    }
+    let count = element_count(&shape).map_err(|e| invalid(format!("{e}")))?;
+    let elements = limits
+        .check_input(shape.first().copied().unwrap_or(1), count, elements_before)
+        .map_err(|e| e.context(format_args!("input `{name}`")))?;
+    let tensor = match (raw, input.contents) {
+        (Some(bytes), None) => decode_raw(datatype, shape, count, bytes),
+        (None, Some(contents)) => decode_contents(datatype, shape, count, contents),
+        (Some(_), Some(_)) => Err("it has typed contents, and the request raw_input_contents too".to_owned()),
+        (None, None) => Err("it has no contents, and the request no raw_input_contents".to_owned()),
+    }
+    .map_err(invalid)?;
+    Ok((tensor, elements))
+}
+
+/// A tensor from its raw bytes: little-endian elements, or BYTES elements each after a 4-byte length.
+fn decode_raw(datatype: DataType, shape: Vec<usize>, count: usize, bytes: Vec<u8>) -> Result<Tensor, String> {
+    let Some(size) = datatype.size() else { return decode_binary_strings(shape, count, &bytes) };
+    let shown = shape_text(&shape);
+    let expected = count.checked_mul(size).ok_or_else(|| format!("shape {shown} is too large"))?;
+    if bytes.len() != expected {
+        return Err(format!("its raw contents are {} bytes, but {datatype} {shown} needs {expected}", bytes.len()));
+    }
+    Tensor::new(datatype, shape, bytes).map_err(|e| e.to_string())
+}
+
+/// A tensor from the typed field of its data type.
+fn decode_contents(
+    datatype: DataType,
+    shape: Vec<usize>,
+    count: usize,
+    contents: InferTensorContents,
+) -> Result<Tensor, String> {
+    let c = contents;
+    let bytes = match datatype {
+        DataType::Bytes => {
+            check_count("bytes_contents", c.bytes_contents.len(), count)?;
+            return Tensor::from_byte_strings(shape, c.bytes_contents).map_err(|e| e.to_string());
+        }
+        DataType::Bool => little_endian("bool_contents", &c.bool_contents, count, |&b| Some([u8::from(b)]))?,
+        DataType::Int8 => {
+            little_endian("int_contents", &c.int_contents, count, |&v| i8::try_from(v).ok().map(i8::to_le_bytes))?
+        }
+        DataType::Int16 => {
+            little_endian("int_contents", &c.int_contents, count, |&v| i16::try_from(v).ok().map(i16::to_le_bytes))?
+        }
+        DataType::Int32 => little_endian("int_contents", &c.int_contents, count, |v| Some(v.to_le_bytes()))?,
+        DataType::Int64 => little_endian("int64_contents", &c.int64_contents, count, |v| Some(v.to_le_bytes()))?,
+        DataType::Uint8 => {
+            little_endian("uint_contents", &c.uint_contents, count, |&v| u8::try_from(v).ok().map(u8::to_le_bytes))?
+        }
+        DataType::Uint16 => {
+            little_endian("uint_contents", &c.uint_contents, count, |&v| u16::try_from(v).ok().map(u16::to_le_bytes))?
+        }
+        DataType::Uint32 => little_endian("uint_contents", &c.uint_contents, count, |v| Some(v.to_le_bytes()))?,
+        DataType::Uint64 => little_endian("uint64_contents", &c.uint64_contents, count, |v| Some(v.to_le_bytes()))?,
+        DataType::Fp32 => little_endian("fp32_contents", &c.fp32_contents, count, |v| Some(v.to_le_bytes()))?,
+        DataType::Fp64 => little_endian("fp64_contents", &c.fp64_contents, count, |v| Some(v.to_le_bytes()))?,
+        DataType::Fp16 | DataType::Bf16 => {
+            return Err(format!("{datatype} has no typed contents field: send it in raw_input_contents"))
+        }
+    };
+    Tensor::new(datatype, shape, bytes).map_err(|e| e.to_string())
+}
+
+fn check_count(field: &str, given: usize, count: usize) -> Result<(), String> {
+    if given == count {
+        Ok(())
+    } else {
+        Err(format!("{field} holds {given} elements, but its shape needs {count}"))
+    }
+}
+
+/// The little-endian bytes of `values`, each converted by `convert` (`None`: out of the data type's range).
+fn little_endian<T, const N: usize>(
+    field: &str,
+    values: &[T],
+    count: usize,
+    convert: impl Fn(&T) -> Option<[u8; N]>,
+) -> Result<Vec<u8>, String> {
+    check_count(field, values.len(), count)?;
+    let mut bytes = Vec::with_capacity(count * N);
+    for (i, v) in values.iter().enumerate() {
+        let le = convert(v).ok_or_else(|| format!("{field} element {i} is out of its data type's range"))?;
+        bytes.extend_from_slice(&le);
+    }
+    Ok(bytes)
+}
+
+/// Encodes an answer: each selected output's name, data type and shape, and its bytes in `raw_output_contents`.
+pub fn encode_infer(
+    model: &str,
+    version: u64,
+    id: String,
+    meta: &ModelMetadata,
+    outputs: &[Tensor],
+    selection: &[usize],
+) -> Result<ModelInferResponse, CodecError> {
+    let mut response = ModelInferResponse {
+        model_name: model.to_owned(),
+        model_version: version.to_string(),
+        id,
+        outputs: Vec::with_capacity(selection.len()),
+        raw_output_contents: Vec::with_capacity(selection.len()),
+        ..ModelInferResponse::default()
+    };
+    for &i in selection {
+        let (t, spec) = outputs
+            .get(i)
+            .zip(meta.outputs.get(i))
+            .ok_or_else(|| CodecError::Encode(format!("the engine returned no output {i}")))?;
+        let mut bytes = Vec::with_capacity(t.raw_bytes().map_or(0, <[u8]>::len));
+        binary_form(t, &mut bytes);
+        response.outputs.push(InferOutputTensor {
+            name: spec.name.clone(),
+            datatype: t.dtype().as_str().to_owned(),
+            shape: t.shape().iter().map(|&d| d as i64).collect(),
+            ..InferOutputTensor::default()
+        });
+        response.raw_output_contents.push(bytes);
+    }
+    Ok(response)
+}
+
+#[cfg(test)]
+#[path = "grpc_tests.rs"]
+mod tests;

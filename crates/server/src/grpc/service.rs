@@ -1,0 +1,387 @@
+//! `inference.GRPCInferenceService`: each RPC is the wire around one operation of [`crate::ops`], as the KServe v2
+//! HTTP routes are; inference goes through the same decode, [`infer`] and encode steps, with the gRPC codec.
+
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use inferd_models::{Input, Request as InferRequest};
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::proto::grpc_inference_service_server::GrpcInferenceService;
+use super::{deadline_of, Deadline};
+use crate::codec::grpc::proto::*;
+use crate::codec::grpc::{decode_infer, encode_infer};
+use crate::error::{AppError, ErrorKind};
+use crate::metrics::Protocol;
+use crate::ops::infer::{deadline_in, decode, encode, infer};
+use crate::ops::models::{self, TritonModelConfig};
+use crate::ops::repository;
+use crate::registry::ModelEntry;
+use crate::request::resolve_named;
+use crate::state::AppState;
+
+/// Requests one stream may have in flight: past it, the stream's next message is read once one is answered (the
+/// client's sends wait on HTTP/2 flow control), so a single stream cannot queue without bound.
+pub const STREAM_IN_FLIGHT: usize = 1024;
+
+/// The service, over the server's state.
+#[derive(Clone)]
+pub struct Inference {
+    pub state: AppState,
+}
+
+type Answer<T> = Result<Response<T>, Status>;
+
+/// The answer of an RPC inferd does not serve.
+fn unsupported(what: &str) -> Status {
+    Status::unimplemented(format!("inferd does not implement {what}"))
+}
+
+#[tonic::async_trait]
+impl GrpcInferenceService for Inference {
+    async fn server_live(&self, _: Request<ServerLiveRequest>) -> Answer<ServerLiveResponse> {
+        Ok(Response::new(ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(&self, _: Request<ServerReadyRequest>) -> Answer<ServerReadyResponse> {
+        Ok(Response::new(ServerReadyResponse { ready: models::server_ready(&self.state).is_ok() }))
+    }
+
+    async fn model_ready(&self, request: Request<ModelReadyRequest>) -> Answer<ModelReadyResponse> {
+        let ModelReadyRequest { name, version } = request.into_inner();
+        let model = resolve_named(self.state.registry(), &name, &version)?;
+        Ok(Response::new(ModelReadyResponse { ready: models::model_ready(&model).is_ok() }))
+    }
+
+    async fn server_metadata(&self, _: Request<ServerMetadataRequest>) -> Answer<ServerMetadataResponse> {
+        let meta = models::server_metadata();
+        Ok(Response::new(ServerMetadataResponse {
+            name: meta.name.to_owned(),
+            version: meta.version.to_owned(),
+            extensions: super::EXTENSIONS.iter().map(|&e| e.to_owned()).collect(),
+        }))
+    }
+
+    async fn model_metadata(&self, request: Request<ModelMetadataRequest>) -> Answer<ModelMetadataResponse> {
+        let ModelMetadataRequest { name, version } = request.into_inner();
+        let model = resolve_named(self.state.registry(), &name, &version)?;
+        let meta = models::model_metadata(&self.state, &model)?;
+        let tensors = |specs: Vec<models::V2TensorMetadata>| {
+            specs
+                .into_iter()
+                .map(|t| model_metadata_response::TensorMetadata {
+                    name: t.name,
+                    datatype: t.datatype.as_str().to_owned(),
+                    shape: t.shape,
+                })
+                .collect()
+        };
+        Ok(Response::new(ModelMetadataResponse {
+            name: meta.name,
+            versions: meta.versions,
+            platform: meta.platform.to_owned(),
+            inputs: tensors(meta.inputs),
+            outputs: tensors(meta.outputs),
+        }))
+    }
+
+    async fn model_infer(&self, request: Request<ModelInferRequest>) -> Answer<ModelInferResponse> {
+        let deadline = deadline_of(&request);
+        let answer = infer_counted(&self.state, request.into_inner(), deadline).await?;
+        Ok(Response::new(answer))
+    }
+
+    type ModelStreamInferStream = Pin<Box<dyn Stream<Item = Result<ModelStreamInferResponse, Status>> + Send>>;
+
+    async fn model_stream_infer(
+        &self,
+        request: Request<Streaming<ModelInferRequest>>,
+    ) -> Answer<Self::ModelStreamInferStream> {
+        let deadline = deadline_of(&request);
+        let (sender, receiver) = mpsc::channel(STREAM_IN_FLIGHT);
+        tokio::spawn(serve_stream(self.state.clone(), request.into_inner(), deadline, sender));
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))))
+    }
+
+    async fn model_config(&self, request: Request<ModelConfigRequest>) -> Answer<ModelConfigResponse> {
+        let ModelConfigRequest { name, version } = request.into_inner();
+        let model = resolve_named(self.state.registry(), &name, &version)?;
+        Ok(Response::new(ModelConfigResponse { config: Some(model_config(models::model_config(&model)?)) }))
+    }
+
+    async fn model_statistics(&self, request: Request<ModelStatisticsRequest>) -> Answer<ModelStatisticsResponse> {
+        let ModelStatisticsRequest { name, version } = request.into_inner();
+        let chosen: Vec<Arc<ModelEntry>> = if name.is_empty() {
+            self.state.registry().snapshot().iter().filter(|m| m.loaded().is_some()).cloned().collect()
+        } else if version.is_empty() {
+            // Every version of the model: an unknown name is NOT_FOUND.
+            resolve_named(self.state.registry(), &name, "")?;
+            self.state.registry().snapshot().iter().filter(|m| m.name() == name).cloned().collect()
+        } else {
+            vec![resolve_named(self.state.registry(), &name, &version)?]
+        };
+        Ok(Response::new(ModelStatisticsResponse { model_stats: chosen.iter().map(|m| statistics(m)).collect() }))
+    }
+
+    async fn repository_index(&self, request: Request<RepositoryIndexRequest>) -> Answer<RepositoryIndexResponse> {
+        let index = repository::index(&self.state, request.into_inner().ready).await?;
+        let models = index
+            .into_iter()
+            .map(|e| repository_index_response::ModelIndex {
+                name: e.name,
+                version: e.version,
+                state: e.state.to_owned(),
+                reason: e.reason,
+            })
+            .collect();
+        Ok(Response::new(RepositoryIndexResponse { models }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        request: Request<RepositoryModelLoadRequest>,
+    ) -> Answer<RepositoryModelLoadResponse> {
+        repository::control_allowed(&self.state)?;
+        let RepositoryModelLoadRequest { model_name, parameters, .. } = request.into_inner();
+        repository::load(&self.state, model_name, parameters.keys().map(String::as_str)).await?;
+        Ok(Response::new(RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        request: Request<RepositoryModelUnloadRequest>,
+    ) -> Answer<RepositoryModelUnloadResponse> {
+        repository::unload(&self.state, &request.into_inner().model_name).await?;
+        Ok(Response::new(RepositoryModelUnloadResponse {}))
+    }
+
+    async fn system_shared_memory_status(&self, _: Request<Unsupported>) -> Answer<Unsupported> {
+        Err(unsupported("system shared memory: send tensors in the request"))
+    }
+
+    async fn system_shared_memory_register(&self, _: Request<Unsupported>) -> Answer<Unsupported> {
+        Err(unsupported("system shared memory: send tensors in the request"))
+    }
+
+    async fn system_shared_memory_unregister(&self, _: Request<Unsupported>) -> Answer<Unsupported> {
+        Err(unsupported("system shared memory: send tensors in the request"))
+    }
+
+    async fn cuda_shared_memory_status(&self, _: Request<Unsupported>) -> Answer<Unsupported> {
+        Err(unsupported("CUDA shared memory: send tensors in the request"))
+    }
+
+    async fn cuda_shared_memory_register(&self, _: Request<Unsupported>) -> Answer<Unsupported> {
+        Err(unsupported("CUDA shared memory: send tensors in the request"))
+    }
+
+    async fn cuda_shared_memory_unregister(&self, _: Request<Unsupported>) -> Answer<Unsupported> {
+        Err(unsupported("CUDA shared memory: send tensors in the request"))
+    }
+
+    async fn trace_setting(&self, _: Request<Unsupported>) -> Answer<Unsupported> {
+        Err(unsupported("trace settings: inferd logs with --log and --log-format"))
+    }
+
+    async fn log_settings(&self, _: Request<Unsupported>) -> Answer<Unsupported> {
+        Err(unsupported("log settings: inferd logs with --log and --log-format"))
+    }
+}
+
+/// One inference request, counted in the metrics under `protocol="grpc"` with the status the one error table
+/// gives its outcome.
+async fn infer_counted(
+    state: &AppState,
+    request: ModelInferRequest,
+    deadline: Option<Deadline>,
+) -> Result<ModelInferResponse, AppError> {
+    let started = Instant::now();
+    let metrics = state.metrics();
+    let model = match resolve_named(state.registry(), &request.model_name, &request.model_version) {
+        Ok(model) => model,
+        Err(e) => {
+            metrics.request_done("", Protocol::Grpc, e.status().as_u16(), started.elapsed());
+            return Err(e);
+        }
+    };
+    let label = model.label();
+    let in_flight = metrics.enter(&label, Protocol::Grpc);
+    let answer = bounded(state, infer_one(state, &model, request, deadline), deadline).await;
+    drop(in_flight);
+    let code = answer.as_ref().map_or_else(|e| e.status().as_u16(), |_| 200);
+    metrics.request_done(&label, Protocol::Grpc, code, started.elapsed());
+    answer
+}
+
+/// `work`, answered within the request's deadline, the server's `--request-timeout` and the drain's end.
+async fn bounded<T>(
+    state: &AppState,
+    work: impl std::future::Future<Output = Result<T, AppError>>,
+    deadline: Option<Deadline>,
+) -> Result<T, AppError> {
+    let timeout = state.request_timeout();
+    let deadline_passed = async {
+        match deadline {
+            Some(Deadline(at)) => tokio::time::sleep_until(at.into()).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        answer = work => answer,
+        () = deadline_passed => Err(AppError::new(ErrorKind::DeadlineExceeded, "the request's deadline (grpc-timeout) passed")),
+        () = tokio::time::sleep(timeout) => Err(AppError::unavailable(format!(
+            "the request took longer than {} s (--request-timeout)", timeout.as_secs_f64()
+        ))),
+        () = state.drain().expired() => Err(AppError::unavailable(
+            "the server shut down before the request finished (--drain-timeout)"
+        )),
+    }
+}
+
+/// Decodes, infers and encodes one request on `model`; its bytes count against the in-flight budget until it is
+/// answered.
+async fn infer_one(
+    state: &AppState,
+    model: &ModelEntry,
+    request: ModelInferRequest,
+    deadline: Option<Deadline>,
+) -> Result<ModelInferResponse, AppError> {
+    let model = model.serving()?;
+    let hold = state.budget().hold();
+    let len = request.encoded_len();
+    hold.take(len)?;
+    let limits = *state.limits();
+    let call = decode(&model, len, move |meta| decode_infer(request, meta, &limits)).await?;
+    let deadline = [call.timeout.and_then(deadline_in), deadline.map(|d| d.0)].into_iter().flatten().min();
+    let request = InferRequest::new(Input::Tensors(call.inputs)).with_deadline(deadline);
+    let served = infer(state, &model, request, &hold).await?;
+    let (id, selection) = (call.id, call.outputs);
+    let encoder = model.clone();
+    encode(served, move |served| {
+        let meta = encoder.metadata();
+        encode_infer(encoder.name(), encoder.version, id, meta, &served.answer.tensors, &selection)
+    })
+    .await
+}
+
+/// Serves one `ModelStreamInfer` stream: each request runs as it arrives, many at once, and is answered as it
+/// finishes, with its id; a request's error is its own answer's `error_message`, and the stream goes on. The
+/// client closing its side ends the stream once every answer is sent; the client going away (a cancel, a dropped
+/// connection) stops the requests still running, which frees their places in the queues.
+async fn serve_stream(
+    state: AppState,
+    mut inbound: Streaming<ModelInferRequest>,
+    deadline: Option<Deadline>,
+    sender: mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
+) {
+    let mut running = JoinSet::new();
+    let mut open = true;
+    while open || !running.is_empty() {
+        tokio::select! {
+            message = inbound.message(), if open && running.len() < STREAM_IN_FLIGHT => match message {
+                Ok(Some(request)) => {
+                    let (state, sender) = (state.clone(), sender.clone());
+                    running.spawn(async move {
+                        let (id, model_name, model_version) =
+                            (request.id.clone(), request.model_name.clone(), request.model_version.clone());
+                        let answer = match infer_counted(&state, request, deadline).await {
+                            Ok(response) => ModelStreamInferResponse { error_message: String::new(), infer_response: Some(response) },
+                            Err(e) => ModelStreamInferResponse {
+                                error_message: e.message,
+                                infer_response: Some(ModelInferResponse { model_name, model_version, id, ..Default::default() }),
+                            },
+                        };
+                        let _ = sender.send(Ok(answer)).await;
+                    });
+                }
+                Ok(None) => open = false,
+                Err(status) => {
+                    // The stream broke: the client cancelled or went away (nobody reads what is left), or sent a
+                    // message that cannot be read (past --max-body-bytes, say), which ends the stream with it.
+                    let _ = sender.send(Err(super::stream_error(status, state.max_body_bytes()))).await;
+                    return;
+                }
+            },
+            Some(_) = running.join_next(), if !running.is_empty() => {}
+            () = sender.closed() => return,
+        }
+    }
+}
+
+/// The model configuration the HTTP route serves as JSON, as Triton's message.
+fn model_config(config: TritonModelConfig) -> ModelConfig {
+    let batching = config.dynamic_batching;
+    let int = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
+    ModelConfig {
+        name: config.name,
+        platform: config.platform.to_owned(),
+        backend: config.backend.to_owned(),
+        max_batch_size: int(config.max_batch_size),
+        input: config
+            .input
+            .into_iter()
+            .map(|t| ModelInput { name: t.name, data_type: config_type(&t.data_type), dims: t.dims })
+            .collect(),
+        output: config
+            .output
+            .into_iter()
+            .map(|t| ModelOutput { name: t.name, data_type: config_type(&t.data_type), dims: t.dims })
+            .collect(),
+        instance_group: config
+            .instance_group
+            .into_iter()
+            .map(|g| ModelInstanceGroup {
+                name: String::new(),
+                count: int(g.count),
+                kind: model_instance_group::Kind::from_str_name(g.kind).unwrap_or_default() as i32,
+            })
+            .collect(),
+        scheduling_choice: Some(model_config::SchedulingChoice::DynamicBatching(ModelDynamicBatching {
+            preferred_batch_size: batching.preferred_batch_size.into_iter().map(int).collect(),
+            max_queue_delay_microseconds: batching.max_queue_delay_microseconds,
+            default_queue_policy: Some(ModelQueuePolicy {
+                default_timeout_microseconds: batching.default_queue_policy.default_timeout_microseconds,
+                max_queue_size: u32::try_from(batching.default_queue_policy.max_queue_size).unwrap_or(u32::MAX),
+            }),
+        })),
+        parameters: [("device", config.parameters.device), ("precision", config.parameters.precision.to_owned())]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), ModelParameter { string_value: v }))
+            .collect(),
+    }
+}
+
+/// Triton's data type enum from its name in the JSON configuration (`TYPE_FP32`).
+fn config_type(name: &str) -> i32 {
+    DataType::from_str_name(name).unwrap_or_default() as i32
+}
+
+/// A model version's statistics, from its batcher's counts: the requests answered, their time in the queue and
+/// in the engine.
+fn statistics(model: &ModelEntry) -> ModelStatistics {
+    let mut stats =
+        ModelStatistics { name: model.name().to_owned(), version: model.version().to_string(), ..Default::default() };
+    let Some(c) = model.counts() else { return stats };
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let duration = |count, ns| Some(StatisticDuration { count, ns });
+    stats.last_inference = get(&c.last_answer_ms);
+    stats.inference_count = get(&c.succeeded_rows);
+    stats.execution_count = get(&c.batches);
+    stats.inference_stats = Some(InferStatistics {
+        success: duration(get(&c.succeeded), get(&c.succeeded_ns)),
+        fail: duration(get(&c.failed), get(&c.failed_ns)),
+        queue: duration(get(&c.started), get(&c.queue_ns)),
+        compute_input: duration(get(&c.batches), 0),
+        compute_infer: duration(get(&c.batches), get(&c.compute_ns)),
+        compute_output: duration(get(&c.batches), 0),
+        cache_hit: duration(0, 0),
+        cache_miss: duration(0, 0),
+    });
+    stats
+}
