@@ -2,8 +2,8 @@
 # Deploys inferd to Azure Container Instances. Documented, not run by the tests: it needs an Azure subscription and
 # `az login`. The image is built in the cloud by ACR Tasks, so no local Docker engine is needed.
 #
-#   aci/deploy.sh                 # inferd alone, public on :8080
-#   aci/deploy.sh gateway         # behind the nginx gateway sidecar, public on :80
+#   aci/deploy.sh                 # inferd alone, public on :8080 (and gRPC on :8001)
+#   aci/deploy.sh gateway         # behind the nginx gateway sidecar, public on :80 (and inferd's gRPC on :8001)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,4 +35,5 @@ echo "Waiting for http://$FQDN:$PORT/health/ready"
 until curl -fsS "http://$FQDN:$PORT/health/ready"; do sleep 10; done
 echo
 curl -fsS "http://$FQDN:$PORT/health" && echo
+echo "gRPC (KServe v2 / Triton, tritonclient.grpc): $FQDN:8001"
 echo "API key (single variant): $API_KEY"

@@ -21,6 +21,8 @@ cargo build --locked -p inferd-benches --bin inferd-bench
 
 ./scripts/venv.sh .venv tests/python/requirements.txt
 ./scripts/fetch-test-models.sh
+# Triton's perf_analyzer, which tests/python/test_perf_analyzer.py drives against inferd's gRPC endpoint.
+./scripts/fetch-perf-analyzer.sh
 INFERD_BIN=target/debug/inferd .venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
 if [ "${INFERD_SKIP_GPU_BUNDLE:-0}" = 1 ]; then

