@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/fuzz.sh [SECONDS] [TARGET…]: runs each cargo fuzz target (fuzz/fuzz_targets: the v2 binary and JSON
+# scripts/fuzz.sh [SECONDS] [TARGET…]: runs each cargo fuzz target (fuzz/fuzz_targets: the v2 binary, JSON and gRPC
 # decoders, the /predict decoder, model.toml) for SECONDS (default 300), one after the other, from the seeds in
 # fuzz/seeds and the corpus grown by earlier runs (.cache/fuzz/corpus). Exits 1 on the first crash, leaving its
 # input in fuzz/artifacts/TARGET/ (add it to the target's regression test, then to fuzz/seeds). The test command
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-300}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(v2_binary v2_json predict model_toml)
+[ ${#targets[@]} -gt 0 ] || targets=(v2_binary v2_json grpc predict model_toml)
 tools=$PWD/.cache/tools
 if [ ! -x "$tools/bin/cargo-fuzz" ]; then
     echo "fuzz: installing cargo-fuzz 0.13.1 into $tools" >&2
