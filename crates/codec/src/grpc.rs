@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use inferd_core::{element_count, DataType, ModelMetadata, Tensor, TensorSpec};
+use inferd_core::{DataType, ModelMetadata, Tensor, TensorSpec};
 
-use super::v2::{binary_form, decode_binary_strings};
+use super::v2::{binary_form, decode_binary_strings, InputHead};
 use super::{names, quoted, shape_text, CodecError, Limits};
 
 /// The messages and the service's types, generated from `proto/inference.proto`.
@@ -114,25 +114,11 @@ fn decode_input(
 ) -> Result<(Tensor, usize), CodecError> {
     let name = quoted(&input.name);
     let invalid = |m: String| CodecError::Invalid(format!("input `{name}`: {m}"));
-    let datatype: DataType = input.datatype.parse().map_err(|e| invalid(format!("{e}")))?;
-    let shape = input
-        .shape
-        .iter()
-        .map(|&d| {
-            usize::try_from(d)
-                .map_err(|_| invalid(format!("shape {} has a negative dimension", shape_text(&input.shape))))
-        })
-        .collect::<Result<Vec<usize>, _>>()?;
-    if !spec.accepts(&shape) {
-        return Err(invalid(format!("shape {} does not fit the model's {:?}", shape_text(&shape), spec.shape)));
-    }
+    let InputHead { datatype, shape, count, elements } =
+        InputHead::check(&input.name, &input.datatype, &input.shape, spec, limits, elements_before)?;
     if datatype != spec.datatype {
         return Err(invalid(format!("the model takes {}, got {datatype}", spec.datatype)));
     }
-    let count = element_count(&shape).map_err(|e| invalid(format!("{e}")))?;
-    let elements = limits
-        .check_input(shape.first().copied().unwrap_or(1), count, elements_before)
-        .map_err(|e| e.context(format_args!("input `{name}`")))?;
     let tensor = match (raw, input.contents) {
         (Some(bytes), None) => decode_raw(datatype, shape, count, bytes),
         (None, Some(contents)) => decode_contents(datatype, shape, count, contents),

@@ -163,22 +163,8 @@ fn decode_input(
 ) -> Result<(Tensor, usize), CodecError> {
     let name = quoted(&input.name);
     let invalid = |m: String| CodecError::Invalid(format!("input `{name}`: {m}"));
-    let datatype: DataType = input.datatype.parse().map_err(|e| invalid(format!("{e}")))?;
-    let shape = input
-        .shape
-        .iter()
-        .map(|&d| {
-            usize::try_from(d)
-                .map_err(|_| invalid(format!("shape {} has a negative dimension", shape_text(&input.shape))))
-        })
-        .collect::<Result<Vec<usize>, _>>()?;
-    if !spec.accepts(&shape) {
-        return Err(invalid(format!("shape {} does not fit the model's {:?}", shape_text(&shape), spec.shape)));
-    }
-    let count = element_count(&shape).map_err(|e| invalid(format!("{e}")))?;
-    let elements = limits
-        .check_input(shape.first().copied().unwrap_or(1), count, elements_before)
-        .map_err(|e| e.context(format_args!("input `{name}`")))?;
+    let InputHead { datatype, shape, count, elements } =
+        InputHead::check(&input.name, &input.datatype, &input.shape, spec, limits, elements_before)?;
     let tensor = match (input.parameters.binary_data_size, input.data) {
         (Some(size), None) => {
             if datatype != spec.datatype {
@@ -210,6 +196,42 @@ fn decode_input(
         }
     };
     Ok((tensor, elements))
+}
+
+/// What an input's header says, checked against the model's input and the request's limits before any of its data
+/// is decoded: the gRPC codec's inputs say the same.
+pub(crate) struct InputHead {
+    pub datatype: DataType,
+    pub shape: Vec<usize>,
+    /// Its elements.
+    pub count: usize,
+    /// The request's elements so far, this input's included.
+    pub elements: usize,
+}
+
+impl InputHead {
+    pub(crate) fn check(
+        name: &str,
+        datatype: &str,
+        shape: &[i64],
+        spec: &TensorSpec,
+        limits: &Limits,
+        elements_before: usize,
+    ) -> Result<InputHead, CodecError> {
+        let name = quoted(name);
+        let invalid = |m: String| CodecError::Invalid(format!("input `{name}`: {m}"));
+        let datatype: DataType = datatype.parse().map_err(|e| invalid(format!("{e}")))?;
+        let negative = || invalid(format!("shape {} has a negative dimension", shape_text(shape)));
+        let shape = shape.iter().map(|&d| usize::try_from(d).map_err(|_| negative())).collect::<Result<Vec<_>, _>>()?;
+        if !spec.accepts(&shape) {
+            return Err(invalid(format!("shape {} does not fit the model's {:?}", shape_text(&shape), spec.shape)));
+        }
+        let count = element_count(&shape).map_err(|e| invalid(format!("{e}")))?;
+        let elements = limits
+            .check_input(shape.first().copied().unwrap_or(1), count, elements_before)
+            .map_err(|e| e.context(format_args!("input `{name}`")))?;
+        Ok(InputHead { datatype, shape, count, elements })
+    }
 }
 
 /// A tensor from its binary form: little-endian elements, or for BYTES a 4-byte length before each element.
