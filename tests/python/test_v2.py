@@ -164,3 +164,23 @@ def test_an_unknown_version_is_not_found(client):
     with pytest.raises(InferenceServerException) as e:
         client.get_model_metadata("digits", model_version="2")
     assert "model `digits` has no version 2 (it has [1])" in e.value.message()
+
+
+def test_statistics_grow_with_each_request(client):
+    """Triton's statistics extension over HTTP, as `get_inference_statistics` reads it: the same counts gRPC's
+    ModelStatistics gives."""
+    assert "statistics" in client.get_server_metadata()["extensions"]
+    (before,) = client.get_inference_statistics("digits")["model_stats"]
+    infer(client, "digits", rows=5)
+    (after,) = client.get_inference_statistics("digits", model_version="1")["model_stats"]
+    assert (after["name"], after["version"]) == ("digits", "1")
+    assert after["inference_count"] == before["inference_count"] + 5
+    assert after["execution_count"] >= before["execution_count"] + 1
+    queue, success = after["inference_stats"]["queue"], after["inference_stats"]["success"]
+    assert queue["count"] == before["inference_stats"]["queue"]["count"] + 1
+    assert success["count"] == before["inference_stats"]["success"]["count"] + 1 and success["ns"] > 0
+    names = {s["name"] for s in client.get_inference_statistics()["model_stats"]}
+    assert {"digits", "digits-candle"} <= names
+    with pytest.raises(InferenceServerException) as e:
+        client.get_inference_statistics("no-such-model")
+    assert "no model named" in str(e.value)

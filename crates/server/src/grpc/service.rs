@@ -2,8 +2,6 @@
 //! HTTP routes are; inference goes through the same decode, [`infer`] and encode steps, with the gRPC codec.
 
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Instant;
 
 use inferd_models::{Input, Request as InferRequest};
@@ -117,16 +115,13 @@ impl GrpcInferenceService for Inference {
 
     async fn model_statistics(&self, request: Request<ModelStatisticsRequest>) -> Answer<ModelStatisticsResponse> {
         let ModelStatisticsRequest { name, version } = request.into_inner();
-        let chosen: Vec<Arc<ModelEntry>> = if name.is_empty() {
-            self.state.registry().snapshot().iter().filter(|m| m.loaded().is_some()).cloned().collect()
-        } else if version.is_empty() {
-            // Every version of the model: an unknown name is NOT_FOUND.
-            resolve_named(self.state.registry(), &name, "")?;
-            self.state.registry().snapshot().iter().filter(|m| m.name() == name).cloned().collect()
-        } else {
-            vec![resolve_named(self.state.registry(), &name, &version)?]
-        };
-        Ok(Response::new(ModelStatisticsResponse { model_stats: chosen.iter().map(|m| statistics(m)).collect() }))
+        let chosen = models::stats_of(
+            &self.state,
+            (!name.is_empty()).then_some(name.as_str()),
+            (!version.is_empty()).then_some(version.as_str()),
+        )?;
+        let model_stats = models::statistics(&chosen).into_iter().map(model_statistics).collect();
+        Ok(Response::new(ModelStatisticsResponse { model_stats }))
     }
 
     async fn repository_index(&self, request: Request<RepositoryIndexRequest>) -> Answer<RepositoryIndexResponse> {
@@ -362,26 +357,26 @@ fn config_type(name: &str) -> i32 {
     DataType::from_str_name(name).unwrap_or_default() as i32
 }
 
-/// A model version's statistics, from its batcher's counts: the requests answered, their time in the queue and
-/// in the engine.
-fn statistics(model: &ModelEntry) -> ModelStatistics {
-    let mut stats =
-        ModelStatistics { name: model.name().to_owned(), version: model.version().to_string(), ..Default::default() };
-    let Some(c) = model.counts() else { return stats };
-    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    let duration = |count, ns| Some(StatisticDuration { count, ns });
-    stats.last_inference = get(&c.last_answer_ms);
-    stats.inference_count = get(&c.succeeded_rows);
-    stats.execution_count = get(&c.batches);
-    stats.inference_stats = Some(InferStatistics {
-        success: duration(get(&c.succeeded), get(&c.succeeded_ns)),
-        fail: duration(get(&c.failed), get(&c.failed_ns)),
-        queue: duration(get(&c.started), get(&c.queue_ns)),
-        compute_input: duration(get(&c.batches), 0),
-        compute_infer: duration(get(&c.batches), get(&c.compute_ns)),
-        compute_output: duration(get(&c.batches), 0),
-        cache_hit: duration(0, 0),
-        cache_miss: duration(0, 0),
-    });
-    stats
+/// A model version's statistics as Triton's message.
+fn model_statistics(stats: models::ModelStats) -> ModelStatistics {
+    let d = |d: models::StatDuration| Some(StatisticDuration { count: d.count, ns: d.ns });
+    let i = stats.inference_stats;
+    ModelStatistics {
+        name: stats.name,
+        version: stats.version,
+        last_inference: stats.last_inference,
+        inference_count: stats.inference_count,
+        execution_count: stats.execution_count,
+        inference_stats: Some(InferStatistics {
+            success: d(i.success),
+            fail: d(i.fail),
+            queue: d(i.queue),
+            compute_input: d(i.compute_input),
+            compute_infer: d(i.compute_infer),
+            compute_output: d(i.compute_output),
+            cache_hit: d(models::StatDuration { count: 0, ns: 0 }),
+            cache_miss: d(models::StatDuration { count: 0, ns: 0 }),
+        }),
+        batch_stats: Vec::new(),
+    }
 }

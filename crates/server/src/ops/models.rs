@@ -1,6 +1,9 @@
 //! A model's metadata, readiness and configuration, and the server's own metadata and readiness, typed: the
 //! KServe v2 routes serialise them as they are.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use inferd_core::{DataType, TensorSpec};
 use serde::Serialize;
 
@@ -21,7 +24,7 @@ pub fn server_metadata() -> V2ServerMetadata {
     V2ServerMetadata {
         name: "inferd",
         version: env!("CARGO_PKG_VERSION"),
-        extensions: &["binary_tensor_data", "model_repository"],
+        extensions: &["binary_tensor_data", "model_repository", "statistics"],
     }
 }
 
@@ -193,4 +196,93 @@ pub fn model_config(model: &ModelEntry) -> Result<TritonModelConfig, AppError> {
         }],
         parameters: ConfigParameters { device: meta.device.clone(), precision: meta.precision.as_str() },
     })
+}
+
+/// A model version's statistics in Triton's terms, from its batcher's counts: the requests answered and their time
+/// from queue to answer, their time in the queue, and the engine's runs and their time.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ModelStats {
+    pub name: String,
+    pub version: String,
+    /// When the last request was answered, in milliseconds since the Unix epoch; 0 before the first.
+    pub last_inference: u64,
+    /// Rows answered.
+    pub inference_count: u64,
+    /// Engine runs (batches).
+    pub execution_count: u64,
+    pub inference_stats: InferStats,
+}
+
+/// Counts and their total durations.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct InferStats {
+    pub success: StatDuration,
+    pub fail: StatDuration,
+    pub queue: StatDuration,
+    pub compute_input: StatDuration,
+    pub compute_infer: StatDuration,
+    pub compute_output: StatDuration,
+}
+
+/// How many times something happened, and the nanoseconds it took in all.
+#[derive(Debug, Clone, Copy, Serialize, utoipa::ToSchema)]
+pub struct StatDuration {
+    pub count: u64,
+    pub ns: u64,
+}
+
+/// The statistics of `versions`, in order.
+pub fn statistics(versions: &[Arc<ModelEntry>]) -> Vec<ModelStats> {
+    versions.iter().map(|m| model_stats(m)).collect()
+}
+
+/// The model versions a statistics request names: every loaded version of every model (`name` none), every
+/// version of one model (`version` none), or one version.
+pub fn stats_of(state: &AppState, name: Option<&str>, version: Option<&str>) -> Result<Vec<Arc<ModelEntry>>, AppError> {
+    let registry = state.registry();
+    let models = registry.snapshot();
+    Ok(match (name, version) {
+        (None, _) => models.iter().filter(|m| m.loaded().is_some()).cloned().collect(),
+        (Some(name), None) => {
+            // An unknown name is a 404.
+            crate::request::resolve_named(registry, name, "")?;
+            models.iter().filter(|m| m.name() == name).cloned().collect()
+        }
+        (Some(name), Some(version)) => vec![crate::request::resolve_named(registry, name, version)?],
+    })
+}
+
+fn model_stats(model: &ModelEntry) -> ModelStats {
+    let zero = StatDuration { count: 0, ns: 0 };
+    let mut stats = ModelStats {
+        name: model.name().to_owned(),
+        version: model.version().to_string(),
+        last_inference: 0,
+        inference_count: 0,
+        execution_count: 0,
+        inference_stats: InferStats {
+            success: zero,
+            fail: zero,
+            queue: zero,
+            compute_input: zero,
+            compute_infer: zero,
+            compute_output: zero,
+        },
+    };
+    let Some(c) = model.counts() else { return stats };
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let batches = get(&c.batches);
+    stats.last_inference = get(&c.last_answer_ms);
+    stats.inference_count = get(&c.succeeded_rows);
+    stats.execution_count = batches;
+    stats.inference_stats = InferStats {
+        success: StatDuration { count: get(&c.succeeded), ns: get(&c.succeeded_ns) },
+        fail: StatDuration { count: get(&c.failed), ns: get(&c.failed_ns) },
+        queue: StatDuration { count: get(&c.started), ns: get(&c.queue_ns) },
+        // The engine's run is one step: its inputs' preparation and outputs' extraction are inside it.
+        compute_input: StatDuration { count: batches, ns: 0 },
+        compute_infer: StatDuration { count: batches, ns: get(&c.compute_ns) },
+        compute_output: StatDuration { count: batches, ns: 0 },
+    };
+    stats
 }

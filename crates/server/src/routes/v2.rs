@@ -9,14 +9,14 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use inferd_models::{Input, Request};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::codec::v2::{decode_infer, encode_infer, V2InferRequest, V2InferResponse, JSON_LENGTH_HEADER};
 use crate::error::{body_error, AppError, ErrorBody, InferErrors};
 use crate::ops::infer::{deadline_in, decode, encode, infer};
-use crate::ops::models::{self, TritonModelConfig, V2ModelMetadata, V2ServerMetadata};
+use crate::ops::models::{self, ModelStats, TritonModelConfig, V2ModelMetadata, V2ServerMetadata};
 use crate::ops::repository::{self, V2IndexEntry};
 use crate::request::{InflightHold, RoutedModel};
 use crate::state::AppState;
@@ -30,6 +30,7 @@ pub fn probe_routes() -> OpenApiRouter<AppState> {
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(server_metadata))
+        .routes(routes!(all_statistics))
         .routes(routes!(repository_index))
         .routes(routes!(repository_load))
         .routes(routes!(repository_unload))
@@ -44,6 +45,8 @@ pub fn model_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(version_ready))
         .routes(routes!(model_config))
         .routes(routes!(version_config))
+        .routes(routes!(model_statistics))
+        .routes(routes!(version_statistics))
 }
 
 /// Inference, behind the API key when one is configured.
@@ -169,6 +172,39 @@ async fn model_ready(State(state): State<AppState>, model: RoutedModel) -> Resul
     security(("api_key" = [])))]
 async fn model_config(State(state): State<AppState>, model: RoutedModel) -> Result<Json<TritonModelConfig>, AppError> {
     Ok(Json(models::model_config(&*model.current(state.registry())?)?))
+}
+
+/// `GET /v2/models/stats` and the per-model routes: Triton's statistics extension.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct V2Statistics {
+    model_stats: Vec<ModelStats>,
+}
+
+/// Every loaded model version's statistics.
+#[utoipa::path(get, path = "/v2/models/stats", tag = "kserve-v2", responses((status = 200, body = V2Statistics)),
+    security(("api_key" = [])))]
+async fn all_statistics(State(state): State<AppState>) -> Result<Json<V2Statistics>, AppError> {
+    let versions = models::stats_of(&state, None, None)?;
+    Ok(Json(V2Statistics { model_stats: models::statistics(&versions) }))
+}
+
+/// Every version of a model: its statistics.
+#[utoipa::path(get, path = "/v2/models/{model}/stats", tag = "kserve-v2", params(("model" = String, Path, description = "The model")),
+    responses((status = 200, body = V2Statistics), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+async fn model_statistics(State(state): State<AppState>, model: RoutedModel) -> Result<Json<V2Statistics>, AppError> {
+    let name = model.current(state.registry())?.name().to_owned();
+    let versions = models::stats_of(&state, Some(&name), None)?;
+    Ok(Json(V2Statistics { model_stats: models::statistics(&versions) }))
+}
+
+/// A model version's statistics.
+#[utoipa::path(get, path = "/v2/models/{model}/versions/{version}/stats", tag = "kserve-v2", params(("model" = String, Path, description = "The model"), ("version" = String, Path, description = "The version: `1`, or the number of its version folder")),
+    responses((status = 200, body = V2Statistics), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+async fn version_statistics(State(state): State<AppState>, model: RoutedModel) -> Result<Json<V2Statistics>, AppError> {
+    let entry = model.current(state.registry())?;
+    Ok(Json(V2Statistics { model_stats: models::statistics(&[entry]) }))
 }
 
 /// The `Inference-Header-Content-Length` header: the length of the body's JSON part.
