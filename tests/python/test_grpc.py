@@ -12,6 +12,7 @@ import json
 import queue
 import re
 import signal
+import socket
 import threading
 import time
 import urllib.request
@@ -386,3 +387,50 @@ def test_the_drain_loses_nothing_over_grpc(repository):
     assert proc.wait(timeout=30) == 0
     assert outcomes["errors"] == [], outcomes["errors"][:5]
     assert outcomes["ok"] > 64
+
+
+def test_the_in_flight_budget_counts_a_message_as_it_arrives(repository):
+    """A message larger than the whole --max-inflight-bytes (1 MiB) is refused while it arrives, not once read."""
+    with start_inferd(repository / "digits", "--max-inflight-bytes", str(1 << 20), "--max-body-bytes", str(8 << 20),
+                      grpc=True) as (_, address):
+        client = grpcclient.InferenceServerClient(address)
+        e = error_of(lambda: client.infer("digits", [digits_input_of(np.zeros((4096, 64), dtype=np.float32))]))
+        assert e.status() == "StatusCode.RESOURCE_EXHAUSTED" and "--max-inflight-bytes" in e.message(), e
+        # The refused message's bytes came back: a request within the budget is served.
+        assert client.infer("digits", [digits_input(8)]).as_numpy("logits").shape == (8, 10)
+
+
+def digits_input_of(x):
+    tensor = grpcclient.InferInput("input", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return tensor
+
+
+def test_a_silent_connection_is_closed_and_watchers_do_not_hold_the_drain(repository):
+    """A TCP connection that never speaks is closed after --header-read-timeout; a health Watch stream hears
+    NOT_SERVING when the drain begins and then ends, so SIGTERM finishes in well under --drain-timeout."""
+    proc, _, address = launch_inferd(repository / "digits", "--header-read-timeout", "1", "--drain-timeout", "20",
+                                     grpc=True)
+    try:
+        host, port = address.split(":")
+        with socket.create_connection((host, int(port))) as silent:
+            silent.settimeout(10)
+            started = time.time()
+            assert silent.recv(1) == b""
+            assert time.time() - started < 5
+        channel = grpc.insecure_channel(address)
+        watch = channel.unary_stream("/grpc.health.v1.Health/Watch", request_serializer=lambda b: b,
+                                     response_deserializer=lambda b: b)
+        statuses = watch(b"")
+        deadline = time.time() + 5
+        status = next(statuses)
+        while status != b"\x08\x01" and time.time() < deadline:
+            status = next(statuses)
+        assert status == b"\x08\x01"
+        stopped = time.time()
+        proc.send_signal(signal.SIGTERM)
+        assert list(statuses) == [b"\x08\x02"]
+        assert proc.wait(timeout=15) == 0
+        assert time.time() - stopped < 10
+    finally:
+        proc.kill()

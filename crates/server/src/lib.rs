@@ -134,15 +134,8 @@ impl Server {
         let http = connections::serve(listener, app(state.clone()), connection_settings, drain.clone(), closing);
         let grpc = match self.grpc_listener {
             Some(listener) => {
-                let (grpc_app, health) = grpc::app(state.clone());
                 tracing::info!(grpc_addr = %listener.local_addr()?, "serving gRPC");
-                let reporter = tokio::spawn(grpc::report_health(state.clone(), health));
-                let served = grpc::serve(listener, grpc_app, connection_settings.max_connections, drain.clone());
-                Some(async move {
-                    let done = served.await;
-                    reporter.abort();
-                    done
-                })
+                Some(grpc::serve(listener, grpc::app(state.clone()), connection_settings, drain.clone()))
             }
             None => None,
         };

@@ -8,30 +8,34 @@
 //! prefix, before it is read. Connections are HTTP/2 only; on the drain each gets a GOAWAY, and the requests and
 //! streams open on it finish.
 
+mod health;
 mod service;
 
 use std::convert::Infallible;
 use std::pin::pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
 use axum::Router;
-use hyper::body::Incoming;
+use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 use tonic::Status;
-use tonic_health::ServingStatus;
 use tower::ServiceExt;
 
 use crate::app::authorize;
+use crate::budget::Hold;
+use crate::connections::ConnectionSettings;
 use crate::drain::Drain;
+use crate::error::AppError;
 use crate::state::AppState;
 
 pub use service::{Inference, STREAM_IN_FLIGHT};
@@ -51,10 +55,6 @@ pub const SERVICE: &str = "inference.GRPCInferenceService";
 /// `statistics` and then calls `ModelStatistics` around each measurement.
 pub const EXTENSIONS: [&str; 3] = ["model_repository", "model_configuration", "statistics"];
 
-/// How often the health service's status is brought up to date with the server's readiness (at once on each
-/// drain phase).
-const HEALTH_REFRESH: Duration = Duration::from_millis(100);
-
 /// A request's deadline, from its `grpc-timeout`.
 #[derive(Debug, Clone, Copy)]
 pub struct Deadline(pub Instant);
@@ -65,18 +65,17 @@ fn deadline_of<T>(request: &tonic::Request<T>) -> Option<Deadline> {
 }
 
 /// The gRPC app: both services behind the gate, within the HTTP app's request-id and span layers.
-pub fn app(state: AppState) -> (Router, tonic_health::server::HealthReporter) {
+pub fn app(state: AppState) -> Router {
     let max_message = state.max_body_bytes();
-    let (reporter, health) = tonic_health::server::health_reporter();
     let inference = GrpcInferenceServiceServer::new(Inference { state: state.clone() })
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(usize::MAX);
     let router = tonic::service::Routes::new(inference)
-        .add_service(health)
+        .add_service(health::service(state.clone()))
         .into_axum_router()
         .layer(axum::middleware::from_fn_with_state(state, gate));
     let panicked = || Status::internal("the request handler panicked").into_http();
-    (crate::app::outer_layers(router, panicked), reporter)
+    crate::app::outer_layers(router, panicked)
 }
 
 /// The RPCs open to all: the probes.
@@ -104,13 +103,81 @@ async fn gate(State(state): State<AppState>, mut request: Request, next: Next) -
         Ok(None) => {}
         Err(e) => return Status::invalid_argument(e).into_http(),
     }
-    let response = next.run(request).await;
+    // Unary RPCs end with the request timeout and the drain, as HTTP routes do; streams bound their own requests.
+    let streaming = matches!(
+        request.uri().path(),
+        "/inference.GRPCInferenceService/ModelStreamInfer" | "/grpc.health.v1.Health/Watch"
+    );
+    // A unary inference message's bytes count against the in-flight budget as they arrive, before tonic has read
+    // it whole, as HTTP bodies do; the RPC holds them until it is answered.
+    let refused = Arc::new(OnceLock::new());
+    if request.uri().path() == "/inference.GRPCInferenceService/ModelInfer" {
+        let hold = state.budget().hold();
+        request.extensions_mut().insert(hold.clone());
+        let refusal = refused.clone();
+        request = request.map(|body| Body::new(Budgeted { body, hold, refused: refusal }));
+    }
+    let response = if streaming {
+        next.run(request).await
+    } else {
+        let timeout = state.request_timeout();
+        tokio::select! {
+            response = next.run(request) => response,
+            () = tokio::time::sleep(timeout) => Status::unavailable(format!(
+                "the request took longer than {} s (--request-timeout)", timeout.as_secs_f64()
+            )).into_http(),
+            () = state.drain().expired() => Status::unavailable(
+                "the server shut down before the request finished (--drain-timeout)"
+            ).into_http(),
+        }
+    };
+    if let Some(refusal) = refused.get() {
+        return Status::from(refusal.clone()).into_http();
+    }
     // A unary message past the limit is refused by tonic (OUT_OF_RANGE) from its length prefix, before it is read.
     match Status::from_header_map(response.headers()) {
         Some(status) if status.code() == tonic::Code::OutOfRange => {
             stream_error(status, state.max_body_bytes()).into_http()
         }
         _ => response,
+    }
+}
+
+/// A request body whose bytes are held against the in-flight budget as they arrive; past the budget it fails, and
+/// says why in `refused`.
+struct Budgeted {
+    body: Body,
+    hold: Arc<Hold>,
+    refused: Arc<OnceLock<AppError>>,
+}
+
+impl hyper::body::Body for Budgeted {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        let polled = std::pin::Pin::new(&mut this.body).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Ok(frame))) = &polled {
+            if let Some(data) = frame.data_ref() {
+                if let Err(refusal) = this.hold.take(data.len()) {
+                    let _ = this.refused.set(refusal.clone());
+                    return std::task::Poll::Ready(Some(Err(axum::Error::new(refusal))));
+                }
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -149,55 +216,29 @@ fn grpc_timeout(headers: &HeaderMap) -> Result<Option<Duration>, String> {
     Ok(Some(after))
 }
 
-/// Keeps the health service's status in step with the server's readiness: `SERVING` (for the server, `""`, and
-/// for [`SERVICE`]) while ready, `NOT_SERVING` while starting, degraded past what readiness allows, or draining.
-pub async fn report_health(state: AppState, reporter: tonic_health::server::HealthReporter) {
-    let mut phase = state.drain().watch();
-    loop {
-        let status = if state.readiness().is_none() { ServingStatus::Serving } else { ServingStatus::NotServing };
-        reporter.set_service_status("", status).await;
-        reporter.set_service_status(SERVICE, status).await;
-        tokio::select! {
-            changed = phase.changed() => if changed.is_err() { return },
-            () = tokio::time::sleep(HEALTH_REFRESH) => {}
-        }
-    }
-}
-
-/// Serves `app` over HTTP/2 on `listener` until the drain's closing phase; then takes no more connections, sends
-/// each a GOAWAY, and returns once the requests and streams open on them have finished.
+/// Serves `app` over HTTP/2 on `listener` until the drain's closing phase; then takes what waits in the backlog and
+/// no more connections, sends each a GOAWAY, and returns once the requests and streams open on them have finished.
+/// A connection that sends nothing within `--header-read-timeout` of its acceptance is closed; past
+/// `--max-connections` of its own, one is closed at once. Dropping the future (the drain's end) drops every
+/// connection.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
-    max_connections: usize,
+    settings: ConnectionSettings,
     drain: Arc<Drain>,
 ) -> std::io::Result<()> {
-    let graceful = GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(max_connections));
+    let mut server = Connections {
+        app,
+        graceful: GracefulShutdown::new(),
+        slots: Arc::new(Semaphore::new(settings.max_connections)),
+        tasks: JoinSet::new(),
+        first_bytes: settings.header_read_timeout,
+    };
     let mut closing = pin!(drain.closing());
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    // Past --max-connections the connection is closed at once: the client retries elsewhere.
-                    let Ok(permit) = slots.clone().try_acquire_owned() else { continue };
-                    let _ = stream.set_nodelay(true);
-                    let app = app.clone();
-                    let service = hyper::service::service_fn(move |request: axum::http::Request<Incoming>| {
-                        let app = app.clone();
-                        async move { Ok::<_, Infallible>(app.oneshot(request.map(Body::new)).await.unwrap_or_else(|e| match e {})) }
-                    });
-                    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-                    // Dead peers are found by pings rather than kept forever.
-                    builder.timer(hyper_util::rt::TokioTimer::new()).keep_alive_interval(Duration::from_secs(60));
-                    let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
-                    tokio::spawn(async move {
-                        let _permit = permit;
-                        if let Err(e) = connection.await {
-                            tracing::debug!(error = %e, "a gRPC connection ended with an error");
-                        }
-                    });
-                }
+                Ok((stream, _)) => server.take(stream),
                 Err(e) => {
                     tracing::warn!(error = %e, "accepting a gRPC connection failed");
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -206,9 +247,57 @@ pub async fn serve(
             () = &mut closing => break,
         }
     }
+    // The connections the kernel completed but nobody accepted yet would be reset by closing the listener.
+    while let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await {
+        server.take(stream);
+    }
     drop(listener);
-    graceful.shutdown().await;
+    server.graceful.shutdown().await;
     Ok(())
+}
+
+/// The gRPC listener's connections.
+struct Connections {
+    app: Router,
+    graceful: GracefulShutdown,
+    /// One permit per connection.
+    slots: Arc<Semaphore>,
+    /// Every connection's task: aborted with this listener.
+    tasks: JoinSet<()>,
+    /// How long a new connection has to send its first bytes.
+    first_bytes: Duration,
+}
+
+impl Connections {
+    fn take(&mut self, stream: TcpStream) {
+        while self.tasks.try_join_next().is_some() {}
+        // Past --max-connections the connection is closed at once: the client retries elsewhere.
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else { return };
+        let _ = stream.set_nodelay(true);
+        let app = self.app.clone();
+        let service = hyper::service::service_fn(move |request: axum::http::Request<Incoming>| {
+            let app = app.clone();
+            async move { Ok::<_, Infallible>(app.oneshot(request.map(Body::new)).await.unwrap_or_else(|e| match e {})) }
+        });
+        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        // Dead peers are found by pings rather than kept forever.
+        builder.timer(hyper_util::rt::TokioTimer::new()).keep_alive_interval(Duration::from_secs(60));
+        let first_bytes = self.first_bytes;
+        let watcher = self.graceful.watcher();
+        self.tasks.spawn(async move {
+            let _permit = permit;
+            // A connection that never speaks would hold its slot, and the drain, forever.
+            let mut first = [0u8; 1];
+            if !matches!(tokio::time::timeout(first_bytes, stream.peek(&mut first)).await, Ok(Ok(n)) if n > 0) {
+                tracing::debug!("closing a gRPC connection that sent nothing");
+                return;
+            }
+            let connection = watcher.watch(builder.serve_connection(TokioIo::new(stream), service));
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "a gRPC connection ended with an error");
+            }
+        });
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! `inference.GRPCInferenceService`: each RPC is the wire around one operation of [`crate::ops`], as the KServe v2
 //! HTTP routes are; inference goes through the same decode, [`infer`] and encode steps, with the gRPC codec.
 
+use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Instant;
 
 use inferd_models::{Input, Request as InferRequest};
@@ -13,6 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::proto::grpc_inference_service_server::GrpcInferenceService;
 use super::{deadline_of, Deadline};
+use crate::budget::Hold;
 use crate::codec::grpc::proto::*;
 use crate::codec::grpc::{decode_infer, encode_infer};
 use crate::error::{AppError, ErrorKind};
@@ -26,7 +29,12 @@ use crate::state::AppState;
 
 /// Requests one stream may have in flight: past it, the stream's next message is read once one is answered (the
 /// client's sends wait on HTTP/2 flow control), so a single stream cannot queue without bound.
-pub const STREAM_IN_FLIGHT: usize = 1024;
+pub const STREAM_IN_FLIGHT: usize = 256;
+
+/// How long a stream must have been quiet, nothing running, before the drain ends it. Longer than HTTP's quiet
+/// time for idle connections: a stream's client is often a loop that sends its next request when an answer
+/// comes, and on a busy machine that may take a while.
+pub const STREAM_QUIET: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The service, over the server's state.
 #[derive(Clone)]
@@ -91,7 +99,9 @@ impl GrpcInferenceService for Inference {
 
     async fn model_infer(&self, request: Request<ModelInferRequest>) -> Answer<ModelInferResponse> {
         let deadline = deadline_of(&request);
-        let answer = infer_counted(&self.state, request.into_inner(), deadline).await?;
+        // The gate held the message's bytes as they arrived.
+        let hold = request.extensions().get::<Arc<Hold>>().cloned();
+        let answer = infer_counted(&self.state, request.into_inner(), deadline, hold).await?;
         Ok(Response::new(answer))
     }
 
@@ -102,7 +112,8 @@ impl GrpcInferenceService for Inference {
         request: Request<Streaming<ModelInferRequest>>,
     ) -> Answer<Self::ModelStreamInferStream> {
         let deadline = deadline_of(&request);
-        let (sender, receiver) = mpsc::channel(STREAM_IN_FLIGHT);
+        // Answers wait here for the client to read them; past this, the requests that finish wait to send theirs.
+        let (sender, receiver) = mpsc::channel(64);
         tokio::spawn(serve_stream(self.state.clone(), request.into_inner(), deadline, sender));
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))))
     }
@@ -195,6 +206,7 @@ async fn infer_counted(
     state: &AppState,
     request: ModelInferRequest,
     deadline: Option<Deadline>,
+    hold: Option<Arc<Hold>>,
 ) -> Result<ModelInferResponse, AppError> {
     let started = Instant::now();
     let metrics = state.metrics();
@@ -207,7 +219,7 @@ async fn infer_counted(
     };
     let label = model.label();
     let in_flight = metrics.enter(&label, Protocol::Grpc);
-    let answer = bounded(state, infer_one(state, &model, request, deadline), deadline).await;
+    let answer = bounded(state, infer_one(state, &model, request, deadline, hold), deadline).await;
     drop(in_flight);
     let code = answer.as_ref().map_or_else(|e| e.status().as_u16(), |_| 200);
     metrics.request_done(&label, Protocol::Grpc, code, started.elapsed());
@@ -240,17 +252,24 @@ async fn bounded<T>(
 }
 
 /// Decodes, infers and encodes one request on `model`; its bytes count against the in-flight budget until it is
-/// answered.
+/// answered: in `held`, where the gate held them as they arrived, or from here on.
 async fn infer_one(
     state: &AppState,
     model: &ModelEntry,
     request: ModelInferRequest,
     deadline: Option<Deadline>,
+    held: Option<Arc<Hold>>,
 ) -> Result<ModelInferResponse, AppError> {
     let model = model.serving()?;
-    let hold = state.budget().hold();
     let len = request.encoded_len();
-    hold.take(len)?;
+    let hold = match held {
+        Some(hold) => hold,
+        None => {
+            let hold = state.budget().hold();
+            hold.take(len)?;
+            hold
+        }
+    };
     let limits = *state.limits();
     let call = decode(&model, len, move |meta| decode_infer(request, meta, &limits)).await?;
     let deadline = [call.timeout.and_then(deadline_in), deadline.map(|d| d.0)].into_iter().flatten().min();
@@ -268,7 +287,9 @@ async fn infer_one(
 /// Serves one `ModelStreamInfer` stream: each request runs as it arrives, many at once, and is answered as it
 /// finishes, with its id; a request's error is its own answer's `error_message`, and the stream goes on. The
 /// client closing its side ends the stream once every answer is sent; the client going away (a cancel, a dropped
-/// connection) stops the requests still running, which frees their places in the queues.
+/// connection) stops the requests still running, which frees their places in the queues. Once the drain stops
+/// taking connections, a stream still in use is served on; one that has been quiet for [`STREAM_QUIET`], nothing
+/// running, ends UNAVAILABLE, so that its client opens its next one elsewhere and no idle stream holds the drain. Past the stream's own deadline it ends DEADLINE_EXCEEDED.
 async fn serve_stream(
     state: AppState,
     mut inbound: Streaming<ModelInferRequest>,
@@ -276,24 +297,41 @@ async fn serve_stream(
     sender: mpsc::Sender<Result<ModelStreamInferResponse, Status>>,
 ) {
     let mut running = JoinSet::new();
+    // Each running request's id and model, to answer for it if its task panics.
+    let mut asked: HashMap<tokio::task::Id, ModelInferResponse> = HashMap::new();
     let mut open = true;
+    let mut closing = false;
+    let mut last_active = Instant::now();
+    let deadline_passed = async {
+        match deadline {
+            Some(Deadline(at)) => tokio::time::sleep_until(at.into()).await,
+            None => std::future::pending().await,
+        }
+    };
+    let mut deadline_passed = std::pin::pin!(deadline_passed);
     while open || !running.is_empty() {
         tokio::select! {
             message = inbound.message(), if open && running.len() < STREAM_IN_FLIGHT => match message {
                 Ok(Some(request)) => {
+                    last_active = Instant::now();
                     let (state, sender) = (state.clone(), sender.clone());
-                    running.spawn(async move {
-                        let (id, model_name, model_version) =
-                            (request.id.clone(), request.model_name.clone(), request.model_version.clone());
-                        let answer = match infer_counted(&state, request, deadline).await {
-                            Ok(response) => ModelStreamInferResponse { error_message: String::new(), infer_response: Some(response) },
-                            Err(e) => ModelStreamInferResponse {
-                                error_message: e.message,
-                                infer_response: Some(ModelInferResponse { model_name, model_version, id, ..Default::default() }),
-                            },
+                    let echo = ModelInferResponse {
+                        model_name: request.model_name.clone(),
+                        model_version: request.model_version.clone(),
+                        id: request.id.clone(),
+                        ..Default::default()
+                    };
+                    let failed = echo.clone();
+                    let task = running.spawn(async move {
+                        let answer = match infer_counted(&state, request, deadline, None).await {
+                            Ok(response) => {
+                                ModelStreamInferResponse { error_message: String::new(), infer_response: Some(response) }
+                            }
+                            Err(e) => ModelStreamInferResponse { error_message: e.message, infer_response: Some(failed) },
                         };
                         let _ = sender.send(Ok(answer)).await;
                     });
+                    asked.insert(task.id(), echo);
                 }
                 Ok(None) => open = false,
                 Err(status) => {
@@ -303,9 +341,36 @@ async fn serve_stream(
                     return;
                 }
             },
-            Some(_) = running.join_next(), if !running.is_empty() => {}
+            Some(joined) = running.join_next_with_id(), if !running.is_empty() => match joined {
+                Ok((task, ())) => {
+                    last_active = Instant::now();
+                    asked.remove(&task);
+                }
+                Err(e) => {
+                    let echo = asked.remove(&e.id()).unwrap_or_default();
+                    tracing::error!(id = %echo.id, "a stream request's task failed: {e}");
+                    let answer = ModelStreamInferResponse {
+                        error_message: "the request's handler panicked".to_owned(),
+                        infer_response: Some(echo),
+                    };
+                    let _ = sender.send(Ok(answer)).await;
+                }
+            },
+            () = state.drain().closing(), if open && !closing => closing = true,
+            // While the drain closes, a stream that has gone quiet, nothing running, is ended: one still in use
+            // is served until its client closes it (or the drain's time runs out).
+            () = tokio::time::sleep_until((last_active + STREAM_QUIET).into()), if open && closing && running.is_empty() => {
+                open = false;
+            }
+            () = &mut deadline_passed => {
+                let _ = sender.send(Err(Status::deadline_exceeded("the stream's deadline (grpc-timeout) passed"))).await;
+                return;
+            }
             () = sender.closed() => return,
         }
+    }
+    if closing {
+        let _ = sender.send(Err(Status::unavailable("the server is shutting down: open a new stream"))).await;
     }
 }
 
