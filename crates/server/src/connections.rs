@@ -54,11 +54,13 @@ pub struct ConnectionSettings {
 
 impl ConnectionSettings {
     /// The settings of `config`, `max_connections` capped to what `open_files` (the process's limit) leaves room
-    /// for besides the overflow connections and the files the models and libraries hold.
-    pub fn new(config: &ServeConfig, open_files: Option<u64>) -> ConnectionSettings {
+    /// for besides the overflow connections and the files the models and libraries hold, shared by `listeners`
+    /// (HTTP's, and gRPC's when served: each takes up to `max_connections`).
+    pub fn new(config: &ServeConfig, open_files: Option<u64>, listeners: usize) -> ConnectionSettings {
         const RESERVED: u64 = 256;
         let room = open_files.map_or(usize::MAX, |n| {
             usize::try_from(n.saturating_sub(RESERVED + OVERFLOW_CONNECTIONS as u64)).unwrap_or(usize::MAX)
+                / listeners.max(1)
         });
         let max_connections = config.max_connections.min(room).max(1);
         if max_connections < config.max_connections {

@@ -94,7 +94,8 @@ impl Server {
     ) -> anyhow::Result<()> {
         let config = self.config;
         let open_files = connections::raise_open_files_limit();
-        let connection_settings = connections::ConnectionSettings::new(&config, open_files);
+        let listeners = if self.grpc_listener.is_some() { 2 } else { 1 };
+        let connection_settings = connections::ConnectionSettings::new(&config, open_files, listeners);
         let repository = Repository::new(config.repository());
         let configs = repository.discover()?;
         let defaults = Defaults::choose(
