@@ -219,29 +219,40 @@ async fn infer_counted(
     };
     let label = model.label();
     let in_flight = metrics.enter(&label, Protocol::Grpc);
-    let answer = bounded(state, infer_one(state, &model, request, deadline, hold), deadline).await;
+    // A unary RPC's gate bounds it by the request timeout and the drain; a stream's requests are bounded here.
+    let gated = hold.is_some();
+    let answer = bounded(state, infer_one(state, &model, request, deadline, hold), deadline, gated).await;
     drop(in_flight);
     let code = answer.as_ref().map_or_else(|e| e.status().as_u16(), |_| 200);
     metrics.request_done(&label, Protocol::Grpc, code, started.elapsed());
     answer
 }
 
-/// `work`, answered within the request's deadline, the server's `--request-timeout` and the drain's end.
+/// `work`, answered within the request's deadline, and unless the gate already bounds it (`gated`: a unary RPC),
+/// within the server's `--request-timeout` and the drain's end.
 async fn bounded<T>(
     state: &AppState,
     work: impl std::future::Future<Output = Result<T, AppError>>,
     deadline: Option<Deadline>,
+    gated: bool,
 ) -> Result<T, AppError> {
-    let timeout = state.request_timeout();
     let deadline_passed = async {
         match deadline {
             Some(Deadline(at)) => tokio::time::sleep_until(at.into()).await,
             None => std::future::pending().await,
         }
     };
+    let passed = || AppError::new(ErrorKind::DeadlineExceeded, "the request's deadline (grpc-timeout) passed");
+    if gated {
+        return tokio::select! {
+            answer = work => answer,
+            () = deadline_passed => Err(passed()),
+        };
+    }
+    let timeout = state.request_timeout();
     tokio::select! {
         answer = work => answer,
-        () = deadline_passed => Err(AppError::new(ErrorKind::DeadlineExceeded, "the request's deadline (grpc-timeout) passed")),
+        () = deadline_passed => Err(passed()),
         () = tokio::time::sleep(timeout) => Err(AppError::unavailable(format!(
             "the request took longer than {} s (--request-timeout)", timeout.as_secs_f64()
         ))),
