@@ -3,22 +3,9 @@
 
 use std::collections::HashMap;
 
-use inferd_core::Precision;
-
 use super::proto::model_infer_request::InferRequestedOutputTensor;
 use super::*;
-
-fn meta() -> ModelMetadata {
-    let spec = |name: &str, datatype, shape: &[i64]| TensorSpec { name: name.into(), datatype, shape: shape.to_vec() };
-    ModelMetadata {
-        inputs: vec![spec("x", DataType::Fp32, &[-1, 2]), spec("s", DataType::Bytes, &[-1, 1])],
-        outputs: vec![spec("y", DataType::Fp16, &[-1, 2]), spec("n", DataType::Int64, &[-1])],
-        device: "cpu".into(),
-        precision: Precision::Fp32,
-        platform: "test",
-        text: None,
-    }
-}
+use crate::v2::tests::meta;
 
 fn input(name: &str, datatype: &str, shape: &[i64], contents: Option<InferTensorContents>) -> InferInputTensor {
     InferInputTensor {

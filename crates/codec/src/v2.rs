@@ -356,4 +356,4 @@ pub fn encode_infer(
 
 #[cfg(test)]
 #[path = "v2_tests.rs"]
-mod tests;
+pub(crate) mod tests;

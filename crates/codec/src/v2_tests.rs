@@ -7,7 +7,8 @@ use serde_json::json;
 
 use super::*;
 
-fn meta() -> ModelMetadata {
+/// A model of an FP32 and a BYTES input, and an FP16 and an INT64 output: the gRPC codec's tests use it too.
+pub(crate) fn meta() -> ModelMetadata {
     let spec = |name: &str, datatype, shape: &[i64]| TensorSpec { name: name.into(), datatype, shape: shape.to_vec() };
     ModelMetadata {
         inputs: vec![spec("x", DataType::Fp32, &[-1, 2]), spec("s", DataType::Bytes, &[-1, 1])],

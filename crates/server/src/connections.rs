@@ -249,11 +249,22 @@ pub async fn serve(
         epoch: Instant::now(),
         graceful: GracefulShutdown::new(),
     };
+    accept_until(listener, closing, |stream| server.take(stream)).await;
+    server.wait_quiet().await;
+    // Closes each connection now if idle, after its answer if busy, and waits until every one has closed.
+    server.graceful.shutdown().await;
+    Ok(())
+}
+
+/// Hands each connection `listener` accepts to `take` until `closing` resolves; then those the kernel completed
+/// but nobody accepted yet (closing the listener would reset them); then closes the listener. HTTP's and gRPC's
+/// listeners alike.
+pub async fn accept_until(listener: TcpListener, closing: impl Future<Output = ()>, mut take: impl FnMut(TcpStream)) {
     let mut closing = pin!(closing);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => server.take(stream),
+                Ok((stream, _)) => take(stream),
                 // Out of file descriptors, say: the connections already open keep being served.
                 Err(e) => {
                     tracing::warn!(error = %e, "accepting a connection failed");
@@ -263,15 +274,9 @@ pub async fn serve(
             () = &mut closing => break,
         }
     }
-    // The connections the kernel completed but nobody accepted yet would be reset by closing the listener.
     while let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await {
-        server.take(stream);
+        take(stream);
     }
-    drop(listener);
-    server.wait_quiet().await;
-    // Closes each connection now if idle, after its answer if busy, and waits until every one has closed.
-    server.graceful.shutdown().await;
-    Ok(())
 }
 
 struct Server {

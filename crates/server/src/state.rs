@@ -2,6 +2,7 @@
 //! keys. Built once at start-up; after that only the models (the registry's), the GPU snapshot, the metrics and
 //! the drain phase change, each behind its own synchronisation.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use crate::budget::Budget;
 use crate::codec::Limits;
 use crate::config::{ModelControl, Secret, ServeConfig};
 use crate::drain::Drain;
+use crate::error::AppError;
 use crate::gpu::{GpuInfo, GpuMonitor};
 use crate::metrics::Metrics;
 use crate::registry::readiness::{self, Assessment, ReadinessPolicy, StallWatch};
@@ -128,6 +130,21 @@ impl AppState {
 
     pub fn request_timeout(&self) -> Duration {
         self.0.request_timeout
+    }
+
+    /// `work`'s outcome, or `refuse`'s answer to the error that ends it first: `--request-timeout`, or the end of
+    /// the drain. Every protocol's requests pass through this once.
+    pub async fn bounded<T>(&self, work: impl Future<Output = T>, refuse: impl FnOnce(AppError) -> T) -> T {
+        let timeout = self.0.request_timeout;
+        tokio::select! {
+            done = work => done,
+            () = tokio::time::sleep(timeout) => refuse(AppError::unavailable(format!(
+                "the request took longer than {} s (--request-timeout)", timeout.as_secs_f64()
+            ))),
+            () = self.0.drain.expired() => refuse(AppError::unavailable(
+                "the server shut down before the request finished (--drain-timeout)"
+            )),
+        }
     }
 
     pub fn api_keys(&self) -> &[Secret] {

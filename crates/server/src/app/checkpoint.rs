@@ -66,7 +66,6 @@ pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: 
     let response = match guard.protected.then(|| authorize(state, &parts.headers)) {
         Some(Err(refused)) => (guard.refuse)(refused),
         _ => {
-            let timeout = state.request_timeout();
             let served = async {
                 if guard.protocol.is_none() {
                     return next.run(Request::from_parts(parts, body)).await;
@@ -81,15 +80,7 @@ pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: 
                     Err(refused) => (guard.refuse)(refused),
                 }
             };
-            tokio::select! {
-                response = served => response,
-                () = tokio::time::sleep(timeout) => (guard.refuse)(AppError::unavailable(format!(
-                    "the request took longer than {} s (--request-timeout)", timeout.as_secs_f64()
-                ))),
-                () = state.drain().expired() => (guard.refuse)(AppError::unavailable(
-                    "the server shut down before the request finished (--drain-timeout)"
-                )),
-            }
+            state.bounded(served, guard.refuse).await
         }
     };
     drop(in_flight);

@@ -12,7 +12,6 @@ mod health;
 mod service;
 
 use std::convert::Infallible;
-use std::pin::pin;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -33,7 +32,7 @@ use tower::ServiceExt;
 
 use crate::app::authorize;
 use crate::budget::Hold;
-use crate::connections::ConnectionSettings;
+use crate::connections::{accept_until, ConnectionSettings};
 use crate::drain::Drain;
 use crate::error::AppError;
 use crate::state::AppState;
@@ -78,12 +77,15 @@ pub fn app(state: AppState) -> Router {
     crate::app::outer_layers(router, panicked)
 }
 
+/// The paths of the RPCs the gate treats apart.
+const UNARY_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
+const STREAM_INFER: &str = "/inference.GRPCInferenceService/ModelStreamInfer";
+const HEALTH_WATCH: &str = "/grpc.health.v1.Health/Watch";
+
 /// The RPCs open to all: the probes.
 fn is_probe(path: &str) -> bool {
     path.starts_with("/grpc.health.v1.Health/")
-        || path
-            .strip_prefix("/inference.GRPCInferenceService/")
-            .is_some_and(|m| m == "ServerLive" || m == "ServerReady")
+        || matches!(path, "/inference.GRPCInferenceService/ServerLive" | "/inference.GRPCInferenceService/ServerReady")
 }
 
 /// The gate every RPC passes: the API key, then the deadline; and a message tonic refused for its size is
@@ -104,34 +106,22 @@ async fn gate(State(state): State<AppState>, mut request: Request, next: Next) -
         Err(e) => return Status::invalid_argument(e).into_http(),
     }
     // Unary RPCs end with the request timeout and the drain, as HTTP routes do; streams bound their own requests.
-    let streaming = matches!(
-        request.uri().path(),
-        "/inference.GRPCInferenceService/ModelStreamInfer" | "/grpc.health.v1.Health/Watch"
-    );
+    let streaming = matches!(request.uri().path(), STREAM_INFER | HEALTH_WATCH);
     // A unary inference message's bytes count against the in-flight budget as they arrive, before tonic has read
     // it whole, as HTTP bodies do; the RPC holds them until it is answered.
-    let refused = Arc::new(OnceLock::new());
-    if request.uri().path() == "/inference.GRPCInferenceService/ModelInfer" {
+    let mut refused = None;
+    if request.uri().path() == UNARY_INFER {
         let hold = state.budget().hold();
         request.extensions_mut().insert(hold.clone());
-        let refusal = refused.clone();
+        let refusal = refused.insert(Arc::new(OnceLock::new())).clone();
         request = request.map(|body| Body::new(Budgeted { body, hold, refused: refusal }));
     }
     let response = if streaming {
         next.run(request).await
     } else {
-        let timeout = state.request_timeout();
-        tokio::select! {
-            response = next.run(request) => response,
-            () = tokio::time::sleep(timeout) => Status::unavailable(format!(
-                "the request took longer than {} s (--request-timeout)", timeout.as_secs_f64()
-            )).into_http(),
-            () = state.drain().expired() => Status::unavailable(
-                "the server shut down before the request finished (--drain-timeout)"
-            ).into_http(),
-        }
+        state.bounded(next.run(request), |e| Status::from(e).into_http()).await
     };
-    if let Some(refusal) = refused.get() {
+    if let Some(refusal) = refused.as_ref().and_then(|r| r.get()) {
         return Status::from(refusal.clone()).into_http();
     }
     // A unary message past the limit is refused by tonic (OUT_OF_RANGE) from its length prefix, before it is read.
@@ -234,24 +224,7 @@ pub async fn serve(
         tasks: JoinSet::new(),
         first_bytes: settings.header_read_timeout,
     };
-    let mut closing = pin!(drain.closing());
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => server.take(stream),
-                Err(e) => {
-                    tracing::warn!(error = %e, "accepting a gRPC connection failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
-            () = &mut closing => break,
-        }
-    }
-    // The connections the kernel completed but nobody accepted yet would be reset by closing the listener.
-    while let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await {
-        server.take(stream);
-    }
-    drop(listener);
+    accept_until(listener, drain.closing(), |stream| server.take(stream)).await;
     server.graceful.shutdown().await;
     Ok(())
 }

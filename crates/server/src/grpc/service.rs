@@ -236,29 +236,19 @@ async fn bounded<T>(
     deadline: Option<Deadline>,
     gated: bool,
 ) -> Result<T, AppError> {
-    let deadline_passed = async {
-        match deadline {
-            Some(Deadline(at)) => tokio::time::sleep_until(at.into()).await,
-            None => std::future::pending().await,
+    let within_deadline = async {
+        let Some(Deadline(at)) = deadline else { return work.await };
+        tokio::select! {
+            answer = work => answer,
+            () = tokio::time::sleep_until(at.into()) => {
+                Err(AppError::new(ErrorKind::DeadlineExceeded, "the request's deadline (grpc-timeout) passed"))
+            }
         }
     };
-    let passed = || AppError::new(ErrorKind::DeadlineExceeded, "the request's deadline (grpc-timeout) passed");
     if gated {
-        return tokio::select! {
-            answer = work => answer,
-            () = deadline_passed => Err(passed()),
-        };
-    }
-    let timeout = state.request_timeout();
-    tokio::select! {
-        answer = work => answer,
-        () = deadline_passed => Err(passed()),
-        () = tokio::time::sleep(timeout) => Err(AppError::unavailable(format!(
-            "the request took longer than {} s (--request-timeout)", timeout.as_secs_f64()
-        ))),
-        () = state.drain().expired() => Err(AppError::unavailable(
-            "the server shut down before the request finished (--drain-timeout)"
-        )),
+        within_deadline.await
+    } else {
+        state.bounded(within_deadline, Err).await
     }
 }
 
@@ -320,6 +310,9 @@ async fn serve_stream(
         }
     };
     let mut deadline_passed = std::pin::pin!(deadline_passed);
+    // Made once, not per message: each is a subscription to the drain's phase.
+    let drain = state.drain().clone();
+    let mut drain_closing = std::pin::pin!(drain.closing());
     while open || !running.is_empty() {
         tokio::select! {
             message = inbound.message(), if open && running.len() < STREAM_IN_FLIGHT => match message {
@@ -367,7 +360,7 @@ async fn serve_stream(
                     let _ = sender.send(Ok(answer)).await;
                 }
             },
-            () = state.drain().closing(), if open && !closing => closing = true,
+            () = &mut drain_closing, if open && !closing => closing = true,
             // While the drain closes, a stream that has gone quiet, nothing running, is ended: one still in use
             // is served until its client closes it (or the drain's time runs out).
             () = tokio::time::sleep_until((last_active + STREAM_QUIET).into()), if open && closing && running.is_empty() => {
@@ -450,8 +443,8 @@ fn model_statistics(stats: models::ModelStats) -> ModelStatistics {
             compute_input: d(i.compute_input),
             compute_infer: d(i.compute_infer),
             compute_output: d(i.compute_output),
-            cache_hit: d(models::StatDuration { count: 0, ns: 0 }),
-            cache_miss: d(models::StatDuration { count: 0, ns: 0 }),
+            cache_hit: d(models::StatDuration::default()),
+            cache_miss: d(models::StatDuration::default()),
         }),
         batch_stats: Vec::new(),
     }

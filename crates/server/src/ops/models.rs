@@ -200,7 +200,7 @@ pub fn model_config(model: &ModelEntry) -> Result<TritonModelConfig, AppError> {
 
 /// A model version's statistics in Triton's terms, from its batcher's counts: the requests answered and their time
 /// from queue to answer, their time in the queue, and the engine's runs and their time.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct ModelStats {
     pub name: String,
     pub version: String,
@@ -214,7 +214,7 @@ pub struct ModelStats {
 }
 
 /// Counts and their total durations.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct InferStats {
     pub success: StatDuration,
     pub fail: StatDuration,
@@ -225,7 +225,7 @@ pub struct InferStats {
 }
 
 /// How many times something happened, and the nanoseconds it took in all.
-#[derive(Debug, Clone, Copy, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, Default, Serialize, utoipa::ToSchema)]
 pub struct StatDuration {
     pub count: u64,
     pub ns: u64,
@@ -253,22 +253,8 @@ pub fn stats_of(state: &AppState, name: Option<&str>, version: Option<&str>) -> 
 }
 
 fn model_stats(model: &ModelEntry) -> ModelStats {
-    let zero = StatDuration { count: 0, ns: 0 };
-    let mut stats = ModelStats {
-        name: model.name().to_owned(),
-        version: model.version().to_string(),
-        last_inference: 0,
-        inference_count: 0,
-        execution_count: 0,
-        inference_stats: InferStats {
-            success: zero,
-            fail: zero,
-            queue: zero,
-            compute_input: zero,
-            compute_infer: zero,
-            compute_output: zero,
-        },
-    };
+    let mut stats =
+        ModelStats { name: model.name().to_owned(), version: model.version().to_string(), ..ModelStats::default() };
     let Some(c) = model.counts() else { return stats };
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let batches = get(&c.batches);
