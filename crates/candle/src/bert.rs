@@ -1,29 +1,54 @@
-//! `architecture = "bert"`: a BERT encoder from a folder in the Hugging Face hub's layout (`config.json`,
-//! `model.safetensors`), pooled on the device into one vector per sequence.
+//! `architecture = "bert"`: an encoder of BERT's family (BERT, RoBERTa, XLM-RoBERTa) from a folder in the Hugging
+//! Face hub's layout (`config.json`, `model.safetensors`), ending in pooling (one vector per sequence) or in the
+//! classification head of a `*ForSequenceClassification` model (one row of logits per sequence).
 //!
 //! The encoder layers are candle-transformers'. The embeddings and the attention mask are built here: its
 //! `BertModel` casts `f32::MIN` into the model's dtype for the mask, which is −∞ in FP16 and BF16, and
 //! `0 × −∞` turns every unmasked score into NaN. Here the additive mask is made in F32 from the dtype's own
-//! lowest finite value and cast after, so FP16 and BF16 compute as FP32 does.
+//! lowest finite value and cast after, so FP16 and BF16 compute as FP32 does. RoBERTa's family differs from BERT
+//! only in where positions start (past the padding id), in having one token type, and in its head.
 
 use std::path::Path;
 
 use candle_core::{DType, Device, Module, Tensor, D};
-use candle_nn::{Embedding, LayerNorm, VarBuilder};
+use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::{BertEncoder, Config};
+use inferd_core::text::is_roberta;
 use inferd_core::{Error, Pooling, Result};
 
-/// A loaded BERT encoder and how it pools.
+/// A loaded encoder and what it ends in.
 pub(crate) struct Bert {
     words: Embedding,
     positions: Embedding,
     token_types: Embedding,
     norm: LayerNorm,
     encoder: BertEncoder,
-    pooling: Pooling,
+    head: Head,
+    /// The first position's index: 0 in BERT, `pad_token_id + 1` in RoBERTa's family.
+    first_position: u32,
     /// The dtype's lowest finite value: what a padded position adds to its attention scores.
     mask_value: f64,
     pub(crate) config: Config,
+}
+
+/// What the encoder's last hidden state becomes.
+enum Head {
+    /// One vector per sequence.
+    Pool(Pooling),
+    /// `BertForSequenceClassification`: the first token's state through the pooler (dense, tanh), then the
+    /// classifier.
+    Bert { pooler: Linear, classifier: Linear },
+    /// `RobertaForSequenceClassification` (and XLM-RoBERTa's): the first token's state through dense, tanh, and
+    /// the output projection.
+    Roberta { dense: Linear, out_proj: Linear },
+}
+
+/// What a loaded encoder should end in.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Output {
+    Pool(Pooling),
+    /// The sequence classification head of the checkpoint.
+    Logits,
 }
 
 /// Reads a folder's `config.json`.
@@ -35,16 +60,37 @@ pub(crate) fn read_config(dir: &Path) -> Result<Config> {
 }
 
 impl Bert {
-    /// Loads the weights of `file` (with or without the `bert.` prefix) in `dtype` onto `device`.
-    pub(crate) fn load(file: &Path, config: Config, pooling: Pooling, dtype: DType, device: &Device) -> Result<Bert> {
-        let weights = |e: candle_core::Error| Error::config(file, format!("cannot load the BERT weights: {e}"));
+    /// Loads the weights of `file` (with or without the `bert.` or `roberta.` prefix) in `dtype` onto `device`.
+    pub(crate) fn load(file: &Path, config: Config, output: Output, dtype: DType, device: &Device) -> Result<Bert> {
+        let weights = |e: candle_core::Error| Error::config(file, format!("cannot load the encoder's weights: {e}"));
         // SAFETY: as for the mlp: the map lives only while VarBuilder copies each tensor onto the device, and
         // inferd never writes model files.
         #[allow(unsafe_code)]
-        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[file], dtype, device) }.map_err(weights)?;
-        let vb = if vb.contains_tensor("bert.embeddings.word_embeddings.weight") { vb.pp("bert") } else { vb };
+        let root = unsafe { VarBuilder::from_mmaped_safetensors(&[file], dtype, device) }.map_err(weights)?;
+        let roberta = config.model_type.as_deref().is_some_and(is_roberta);
+        let prefix = ["bert", "roberta"]
+            .into_iter()
+            .find(|p| root.contains_tensor(&format!("{p}.embeddings.word_embeddings.weight")));
+        let vb = match prefix {
+            Some(p) => root.pp(p),
+            None => root.clone(),
+        };
         let e = vb.pp("embeddings");
         let (hidden, c) = (config.hidden_size, &config);
+        let head = match output {
+            Output::Pool(pooling) => Head::Pool(pooling),
+            Output::Logits if roberta => {
+                let head = root.pp("classifier");
+                Head::Roberta {
+                    dense: candle_nn::linear(hidden, hidden, head.pp("dense")).map_err(weights)?,
+                    out_proj: last_linear(&head.pp("out_proj"), hidden).map_err(weights)?,
+                }
+            }
+            Output::Logits => Head::Bert {
+                pooler: candle_nn::linear(hidden, hidden, vb.pp("pooler").pp("dense")).map_err(weights)?,
+                classifier: last_linear(&root.pp("classifier"), hidden).map_err(weights)?,
+            },
+        };
         let bert = Bert {
             words: candle_nn::embedding(c.vocab_size, hidden, e.pp("word_embeddings")).map_err(weights)?,
             positions: candle_nn::embedding(c.max_position_embeddings, hidden, e.pp("position_embeddings"))
@@ -53,18 +99,30 @@ impl Bert {
                 .map_err(weights)?,
             norm: candle_nn::layer_norm(hidden, c.layer_norm_eps, e.pp("LayerNorm")).map_err(weights)?,
             encoder: BertEncoder::load(vb.pp("encoder"), c).map_err(weights)?,
-            pooling,
+            head,
+            first_position: if roberta { c.pad_token_id as u32 + 1 } else { 0 },
             mask_value: lowest(dtype),
             config,
         };
         Ok(bert)
     }
 
-    /// Embeds `[rows, seq]` token ids (I64) with their attention mask and segment ids into pooled F32
-    /// `[rows, hidden]`.
+    /// The count of values per sequence the model gives: its hidden size, or its head's labels.
+    pub(crate) fn width(&self) -> usize {
+        match &self.head {
+            Head::Pool(_) => self.config.hidden_size,
+            Head::Bert { classifier: last, .. } | Head::Roberta { out_proj: last, .. } => {
+                last.weight().dim(0).unwrap_or(0)
+            }
+        }
+    }
+
+    /// Runs `[rows, seq]` token ids (I64) with their attention mask and segment ids into F32 `[rows, width]`:
+    /// pooled states or logits.
     pub(crate) fn forward(&self, ids: &Tensor, mask: &Tensor, types: &Tensor) -> candle_core::Result<Tensor> {
         let (_, seq) = ids.dims2()?;
-        let positions = Tensor::arange(0u32, seq as u32, ids.device())?;
+        let first = self.first_position;
+        let positions = Tensor::arange(first, first + seq as u32, ids.device())?;
         let embedded = (self.words.forward(ids)? + self.token_types.forward(types)?)?
             .broadcast_add(&self.positions.forward(&positions)?)?;
         let embedded = self.norm.forward(&embedded)?;
@@ -73,17 +131,40 @@ impl Bert {
         // value of the dtype for padding. Shape [rows, 1, 1, seq] to broadcast over heads and query positions.
         let mask = mask.to_dtype(DType::F32)?;
         let additive = mask.affine(-self.mask_value, self.mask_value)?.unsqueeze(1)?.unsqueeze(1)?.to_dtype(dtype)?;
-        let hidden = self.encoder.forward(&embedded, &additive)?.to_dtype(DType::F32)?;
-        match self.pooling {
-            Pooling::Cls => hidden.narrow(1, 0, 1)?.squeeze(1),
-            Pooling::Mean => {
+        let hidden = self.encoder.forward(&embedded, &additive)?;
+        let first_token = || hidden.narrow(1, 0, 1)?.squeeze(1);
+        match &self.head {
+            Head::Pool(Pooling::Cls) => first_token()?.to_dtype(DType::F32),
+            Head::Pool(Pooling::Mean) => {
+                let hidden = hidden.to_dtype(DType::F32)?;
                 let weights = mask.unsqueeze(D::Minus1)?;
                 let sums = hidden.broadcast_mul(&weights)?.sum(1)?;
                 let counts = mask.sum_keepdim(1)?.clamp(1f32, f32::MAX)?;
                 sums.broadcast_div(&counts)
             }
+            Head::Bert { pooler, classifier } => {
+                classifier.forward(&pooler.forward(&first_token()?)?.tanh()?)?.to_dtype(DType::F32)
+            }
+            Head::Roberta { dense, out_proj } => {
+                out_proj.forward(&dense.forward(&first_token()?)?.tanh()?)?.to_dtype(DType::F32)
+            }
         }
     }
+
+    /// Whether the model has one token type (RoBERTa's family): a tokenizer's segment ids are then ignored.
+    pub(crate) fn one_token_type(&self) -> bool {
+        self.config.type_vocab_size == 1
+    }
+}
+
+/// A head's last linear layer from `hidden` inputs to as many labels as its weights hold.
+fn last_linear(vb: &VarBuilder, hidden: usize) -> candle_core::Result<Linear> {
+    let weight = vb.get_unchecked("weight")?;
+    let (labels, inputs) = weight.dims2()?;
+    if inputs != hidden || labels == 0 {
+        candle_core::bail!("{}.weight is [{labels}, {inputs}], not [labels, {hidden}]", vb.prefix());
+    }
+    Ok(Linear::new(weight, Some(vb.get(labels, "bias")?)))
 }
 
 /// The lowest finite value of a float dtype.

@@ -1,5 +1,5 @@
 //! inferd-candle: the [`Engine`] on candle. Weights come from safetensors files; architectures are built in
-//! (`mlp`, and `bert` for text models). Runs on the CPU, or on `cuda:N` in builds with the `cuda` feature.
+//! (`mlp`, and `bert` for text models: BERT's family, pooled or with its classification head). Runs on the CPU, or on `cuda:N` in builds with the `cuda` feature.
 
 mod bert;
 mod memory;
@@ -8,13 +8,13 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Module};
 use candle_nn::{Linear, VarBuilder};
-use inferd_core::text::{TextSettings, ATTENTION_MASK, EMBEDDING_OUTPUT, INPUT_IDS, TOKEN_TYPE_IDS};
+use inferd_core::text::{TextSettings, ATTENTION_MASK, EMBEDDING_OUTPUT, INPUT_IDS, LOGITS_OUTPUT, TOKEN_TYPE_IDS};
 use inferd_core::{
     CandleOptions, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Precision, Result, Task, Tensor,
     TensorSpec,
 };
 
-use crate::bert::Bert;
+use crate::bert::{Bert, Output};
 
 /// One loaded candle model: what one worker thread owns.
 pub struct CandleEngine {
@@ -155,7 +155,7 @@ impl CandleEngine {
         let options = config.candle.as_ref().ok_or_else(|| Error::config(toml, "candle: missing [candle] table"))?;
         let text = match (options.architecture.as_str(), config.task) {
             ("mlp", Task::Tensors) => None,
-            ("bert", Task::Embed) => Some(TextSettings::resolve(config)?),
+            ("bert", task) if task.is_text() => Some(TextSettings::resolve(config)?),
             ("mlp" | "bert", task) => {
                 return Err(Error::config(
                     toml,
@@ -195,18 +195,17 @@ impl CandleEngine {
         }
         let (model, inputs, outputs, text) = match (text, bert_config) {
             (Some(settings), Some(bert_config)) => {
-                let bert = Bert::load(&config.file, bert_config, settings.pooling, dtype, &device)?;
-                let hidden = bert.config.hidden_size;
+                let output = if config.task.scores() { Output::Logits } else { Output::Pool(settings.pooling) };
+                let bert = Bert::load(&config.file, bert_config, output, dtype, &device)?;
+                let width = bert.width();
                 let vocab = bert.config.vocab_size;
                 let token =
                     |name: &str| TensorSpec { name: name.into(), datatype: DataType::Int64, shape: vec![-1, -1] };
                 let inputs = vec![token(INPUT_IDS), token(ATTENTION_MASK), token(TOKEN_TYPE_IDS)];
-                let outputs = vec![TensorSpec {
-                    name: EMBEDDING_OUTPUT.into(),
-                    datatype: DataType::Fp32,
-                    shape: vec![-1, hidden as i64],
-                }];
-                let mut info = settings.info(hidden);
+                let name = if config.task.scores() { LOGITS_OUTPUT } else { EMBEDDING_OUTPUT };
+                let outputs =
+                    vec![TensorSpec { name: name.into(), datatype: DataType::Fp32, shape: vec![-1, width as i64] }];
+                let mut info = settings.info(config, width)?;
                 info.vocab_size = Some(vocab);
                 (Architecture::Bert(Box::new(bert)), inputs, outputs, Some(info))
             }
@@ -355,7 +354,11 @@ impl Engine for CandleEngine {
                 let vocab = bert.config.vocab_size as i64;
                 let type_vocab = bert.config.type_vocab_size as i64;
                 let ids = token_ids(ids, vocab, INPUT_IDS)?;
-                let types = token_ids(types, type_vocab, TOKEN_TYPE_IDS)?;
+                // A model with one token type takes none from the tokenizer (RoBERTa's marks a pair's second text).
+                let types = match bert.one_token_type() {
+                    true => vec![0; ids.len()],
+                    false => token_ids(types, type_vocab, TOKEN_TYPE_IDS)?,
+                };
                 let shape = inputs[0].shape().to_vec();
                 let tensor = |values: Vec<i64>| {
                     candle_core::Tensor::from_vec(values, shape.clone(), &self.device).map_err(Error::engine)

@@ -1,6 +1,8 @@
 //! Text models: the contract between the server's tokenizing front and an engine (token inputs in, one pooled
-//! vector per text out), the settings read from a sentence-transformers folder, and pooling on the host.
+//! vector or one row of logits per text out), the settings read from a sentence-transformers or hub folder, and
+//! pooling on the host.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -16,8 +18,10 @@ pub const ATTENTION_MASK: &str = "attention_mask";
 pub const TOKEN_TYPE_IDS: &str = "token_type_ids";
 /// The token inputs a text engine may take, in this order when it takes them all.
 pub const TOKEN_INPUTS: [&str; 3] = [INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS];
-/// A text engine's one output: `FP32 [rows, dimensions]`, pooled, not normalised.
+/// An embedding model's one output: `FP32 [rows, dimensions]`, pooled, not normalised.
 pub const EMBEDDING_OUTPUT: &str = "embedding";
+/// A scoring model's one output (rerank, classify): its head's raw logits, `FP32 [rows, labels]`.
+pub const LOGITS_OUTPUT: &str = "logits";
 
 /// What a loaded text model is, as its engine reports it in its metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,10 +33,14 @@ pub struct TextInfo {
     pub pooling: Pooling,
     /// Whether embeddings are normalised to unit length unless a request says otherwise.
     pub normalize: bool,
-    /// The embedding's length.
+    /// The embedding's length; a scoring model's count of labels.
     pub dimensions: usize,
     /// Token ids are below this.
     pub vocab_size: Option<usize>,
+    /// A scoring model's label names, one per logit; empty for an embedding model.
+    pub labels: Vec<String>,
+    /// A scoring model whose labels are independent (sigmoid per label) rather than exclusive (softmax).
+    pub multi_label: bool,
 }
 
 /// A text model's settings: `model.toml`'s keys first, then the folder's sentence-transformers files
@@ -44,6 +52,9 @@ pub struct TextSettings {
     pub pooling: Pooling,
     pub normalize: bool,
     pub vocab_size: Option<usize>,
+    /// A scoring model's label names, when `model.toml` or the hub's `config.json` names them.
+    pub labels: Option<Vec<String>>,
+    pub multi_label: bool,
 }
 
 /// The few fields of the hub's `config.json` that matter here.
@@ -51,6 +62,43 @@ pub struct TextSettings {
 struct HubConfig {
     max_position_embeddings: Option<usize>,
     vocab_size: Option<usize>,
+    model_type: Option<String>,
+    pad_token_id: Option<usize>,
+    /// A classification head's label names by index (`{"0": "negative", …}`).
+    id2label: Option<BTreeMap<String, String>>,
+    problem_type: Option<String>,
+}
+
+impl HubConfig {
+    /// The positions a text may take: RoBERTa's family numbers positions from `pad_token_id + 1`, so it takes that
+    /// many fewer than its table holds.
+    fn positions(&self) -> Option<usize> {
+        let table = self.max_position_embeddings?;
+        match self.model_type.as_deref() {
+            Some(kind) if is_roberta(kind) => Some(table.saturating_sub(self.pad_token_id.unwrap_or(1) + 1)),
+            _ => Some(table),
+        }
+    }
+
+    /// `id2label`'s names in index order, or why they are not a list.
+    fn labels(&self, path: &Path) -> Result<Option<Vec<String>>> {
+        let Some(map) = &self.id2label else { return Ok(None) };
+        let mut numbered = map
+            .iter()
+            .map(|(k, v)| k.parse::<usize>().map(|i| (i, v.clone())))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|_| Error::config(path, "id2label: its keys must be the label indices 0, 1, …"))?;
+        numbered.sort();
+        if numbered.iter().enumerate().any(|(i, (k, _))| i != *k) {
+            return Err(Error::config(path, "id2label: its keys must be the label indices 0, 1, … without gaps"));
+        }
+        Ok(Some(numbered.into_iter().map(|(_, v)| v).collect()))
+    }
+}
+
+/// Whether a hub `model_type` is of RoBERTa's family (positions offset past the padding id, one token type).
+pub fn is_roberta(model_type: &str) -> bool {
+    matches!(model_type, "roberta" | "xlm-roberta" | "camembert")
 }
 
 #[derive(Deserialize)]
@@ -95,16 +143,19 @@ impl TextSettings {
         let toml = config.config_file.as_path();
         let overrides = &config.text;
         let hub: Option<HubConfig> = read_json(dir, "config.json")?;
+        let scores = config.task.scores();
         let modules: Vec<Module> = read_json(dir, "modules.json")?.unwrap_or_default();
         let pooling = match overrides.pooling {
             Some(p) => p,
+            // A classification head reads the first token's state.
+            None if scores => Pooling::Cls,
             None => match modules.iter().find(|m| m.kind.ends_with(".Pooling")) {
                 Some(m) => folder_pooling(dir, &m.path)?,
                 None => Pooling::Mean,
             },
         };
         let normalize = overrides.normalize.unwrap_or_else(|| modules.iter().any(|m| m.kind.ends_with(".Normalize")));
-        let positions = hub.as_ref().and_then(|h| h.max_position_embeddings);
+        let positions = hub.as_ref().and_then(HubConfig::positions);
         let max_seq_len = match overrides.max_seq_len {
             Some(n) => n,
             None => read_json::<SentenceBertConfig>(dir, "sentence_bert_config.json")?
@@ -135,19 +186,54 @@ impl TextSettings {
                 ),
             ));
         }
-        Ok(TextSettings { tokenizer, max_seq_len, pooling, normalize, vocab_size: hub.and_then(|h| h.vocab_size) })
+        let hub_path = dir.join("config.json");
+        let labels = match (&overrides.labels, &hub) {
+            (Some(labels), _) => Some(labels.clone()),
+            (None, Some(hub)) if scores => hub.labels(&hub_path)?,
+            (None, _) => None,
+        };
+        let multi_label = hub.as_ref().and_then(|h| h.problem_type.as_deref()) == Some("multi_label_classification");
+        Ok(TextSettings {
+            tokenizer,
+            max_seq_len,
+            pooling,
+            normalize: normalize && !scores,
+            vocab_size: hub.and_then(|h| h.vocab_size),
+            labels: labels.filter(|_| scores),
+            multi_label: multi_label && scores,
+        })
     }
 
-    /// The metadata of a model with these settings and `dimensions`.
-    pub fn info(&self, dimensions: usize) -> TextInfo {
-        TextInfo {
+    /// The metadata of a model with these settings whose engine gives `dimensions` values per text. A scoring
+    /// model's labels must be as many as its logits; unnamed ones are `LABEL_i`, as the hub names them.
+    pub fn info(&self, config: &ModelConfig, dimensions: usize) -> Result<TextInfo> {
+        let labels = match (&self.labels, config.task.scores()) {
+            (_, false) => Vec::new(),
+            (Some(labels), true) if labels.len() != dimensions => {
+                return Err(Error::config(
+                    &config.config_file,
+                    format!("labels: {} are named, but the model's head gives {dimensions} scores", labels.len()),
+                ))
+            }
+            (Some(labels), true) => labels.clone(),
+            (None, true) => (0..dimensions).map(|i| format!("LABEL_{i}")).collect(),
+        };
+        if config.task == crate::config::Task::Rerank && dimensions != 1 {
+            return Err(Error::config(
+                &config.config_file,
+                format!("task = \"rerank\" needs a head with one score; this model's gives {dimensions} (use task = \"classify\")"),
+            ));
+        }
+        Ok(TextInfo {
             tokenizer: self.tokenizer.clone(),
             max_seq_len: self.max_seq_len,
             pooling: self.pooling,
             normalize: self.normalize,
             dimensions,
             vocab_size: self.vocab_size,
-        }
+            labels,
+            multi_label: self.multi_label,
+        })
     }
 }
 

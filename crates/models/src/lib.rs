@@ -10,4 +10,4 @@ pub mod task;
 pub use inferd_onnx::OnnxSettings;
 pub use loader::{build_engine, load, EngineBuilder, EngineSettings, LoadedModel};
 pub use repository::{Defaults, Repository};
-pub use task::{Answer, Input, Prepared, Request, Task, TaskError, TextInput, Texts};
+pub use task::{Answer, Input, Prepared, Request, Task, TaskError, TextInput, Texts, Token};

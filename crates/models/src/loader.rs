@@ -100,11 +100,11 @@ pub fn load(
     }
     let Some(first) = engines.first() else { anyhow::bail!("model `{}` has no instance to run", config.name) };
     // The batcher batches a text engine's sequences by tokens; the task must be the one that makes them.
-    if (config.task == inferd_core::Task::Embed) != first.metadata().text.is_some() {
+    if config.task.is_text() != first.metadata().text.is_some() {
         anyhow::bail!(
             "its task is `{}`, but its engine {} text",
             config.task.as_str(),
-            if first.metadata().text.is_some() { "embeds" } else { "does not embed" }
+            if first.metadata().text.is_some() { "takes" } else { "does not take" }
         );
     }
     let task = task::for_model(config, first.metadata())?;

@@ -18,6 +18,14 @@ pub struct Defaults {
     pub model: Option<String>,
     /// `/embed`: `--default-embed-model`, or the default model when it embeds text, or the only text model.
     pub embed: Option<String>,
+    /// `/rerank` (and a Cohere request naming no model served here): the default model when it reranks, or the
+    /// only reranker.
+    pub rerank: Option<String>,
+    /// TEI's `/predict` with `inputs`: the default model when it classifies, or the only classifier.
+    pub classify: Option<String>,
+    /// TEI's `POST /` and `/info`: the default model when it takes texts, or else the default embedder, reranker
+    /// or classifier, in that order.
+    pub text: Option<String>,
 }
 
 impl Repository {
@@ -96,8 +104,18 @@ impl Defaults {
             (None, [only, ..]) if configs.iter().all(|c| c.name == only.name) => Some(only.name.clone()),
             (None, _) => None,
         };
-        let mut text: Vec<&ModelConfig> = configs.iter().filter(|c| c.task == Task::Embed).collect();
-        text.dedup_by(|a, b| a.name == b.name);
+        // The default model when it has `task`, or else the only model that has.
+        let of_task = |task: Task| match model.as_deref().and_then(find) {
+            Some(c) if c.task == task => Some(c.name.clone()),
+            _ => {
+                let mut names: Vec<&str> = configs.iter().filter(|c| c.task == task).map(|c| c.name.as_str()).collect();
+                names.dedup();
+                match names.as_slice() {
+                    [only] => Some((*only).to_owned()),
+                    _ => None,
+                }
+            }
+        };
         let embed = match default_embed_model {
             Some(name) => match find(name) {
                 Some(c) if c.task == Task::Embed => Some(name.to_owned()),
@@ -106,13 +124,14 @@ impl Defaults {
                 }
                 None => anyhow::bail!("--default-embed-model `{name}` is not a model in {}", dir.display()),
             },
-            None => match (model.as_deref().and_then(find), text.as_slice()) {
-                (Some(c), _) if c.task == Task::Embed => Some(c.name.clone()),
-                (_, [only]) => Some(only.name.clone()),
-                _ => None,
-            },
+            None => of_task(Task::Embed),
         };
-        Ok(Defaults { model, embed })
+        let (rerank, classify) = (of_task(Task::Rerank), of_task(Task::Classify));
+        let text = match model.as_deref().and_then(find) {
+            Some(c) if c.task.is_text() => Some(c.name.clone()),
+            _ => embed.clone().or_else(|| rerank.clone()).or_else(|| classify.clone()),
+        };
+        Ok(Defaults { model, embed, rerank, classify, text })
     }
 }
 
@@ -155,14 +174,34 @@ mod tests {
         let repository = Repository::new(repo.path());
         let configs = repository.discover().expect("discovers");
         let defaults = Defaults::choose(&configs, None, None, &repository).expect("defaults");
-        assert_eq!(defaults, Defaults { model: Some("digits".into()), embed: None });
+        assert_eq!(defaults, Defaults { model: Some("digits".into()), ..Defaults::default() });
 
         model(repo.path(), "minilm", TEXT);
         let configs = repository.discover().expect("discovers");
         let defaults = Defaults::choose(&configs, None, None, &repository).expect("defaults");
-        assert_eq!(defaults, Defaults { model: None, embed: Some("minilm".into()) });
+        let minilm = Some("minilm".to_owned());
+        assert_eq!(defaults, Defaults { embed: minilm.clone(), text: minilm.clone(), ..Defaults::default() });
         let defaults = Defaults::choose(&configs, Some("minilm"), None, &repository).expect("defaults");
-        assert_eq!(defaults, Defaults { model: Some("minilm".into()), embed: Some("minilm".into()) });
+        assert_eq!(
+            defaults,
+            Defaults { model: minilm.clone(), embed: minilm.clone(), text: minilm.clone(), ..Defaults::default() }
+        );
+
+        // One reranker and one classifier are the defaults of their tasks; TEI's `/` serves the embedder first.
+        model(repo.path(), "ranker", "backend = \"candle\"\ntask = \"rerank\"\n");
+        model(repo.path(), "sentiment", "backend = \"candle\"\ntask = \"classify\"\n");
+        let configs = repository.discover().expect("discovers");
+        let defaults = Defaults::choose(&configs, None, None, &repository).expect("defaults");
+        let expected = Defaults {
+            model: None,
+            embed: minilm.clone(),
+            rerank: Some("ranker".into()),
+            classify: Some("sentiment".into()),
+            text: minilm.clone(),
+        };
+        assert_eq!(defaults, expected);
+        let defaults = Defaults::choose(&configs, Some("sentiment"), None, &repository).expect("defaults");
+        assert_eq!(defaults.text.as_deref(), Some("sentiment"));
 
         let unknown = Defaults::choose(&configs, Some("nope"), None, &repository).expect_err("unknown");
         assert!(unknown.to_string().contains("--default-model `nope`"), "{unknown}");

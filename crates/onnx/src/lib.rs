@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use inferd_core::text::{pool, TextSettings, ATTENTION_MASK, EMBEDDING_OUTPUT, INPUT_IDS, TOKEN_INPUTS};
+use inferd_core::text::{pool, TextSettings, ATTENTION_MASK, EMBEDDING_OUTPUT, INPUT_IDS, LOGITS_OUTPUT, TOKEN_INPUTS};
 use inferd_core::{
     with_element_type, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Pooling, Precision, Result,
     Task, Tensor, TensorSpec,
@@ -76,7 +76,7 @@ fn loaded<'a>(runtime: &'a Runtime, asked: &Path) -> &'a Runtime {
 pub struct OnnxEngine {
     session: Session,
     metadata: ModelMetadata,
-    /// A text model: which graph output holds its embeddings, and how to pool them.
+    /// A text model: which graph output holds its embeddings (or logits), and how to pool them.
     text: Option<TextGraph>,
 }
 
@@ -163,15 +163,16 @@ impl OnnxEngine {
         };
         let (text, text_graph) = match config.task {
             Task::Tensors => (None, None),
-            Task::Embed => {
+            task => {
                 let settings = TextSettings::resolve(config)?;
                 let (graph, dimensions) = text_graph(config, &inputs, &outputs, settings.pooling)?;
+                let name = if task.scores() { LOGITS_OUTPUT } else { EMBEDDING_OUTPUT };
                 outputs = vec![TensorSpec {
-                    name: EMBEDDING_OUTPUT.into(),
+                    name: name.into(),
                     datatype: DataType::Fp32,
                     shape: vec![-1, dimensions as i64],
                 }];
-                (Some(settings.info(dimensions)), Some(graph))
+                (Some(settings.info(config, dimensions)?), Some(graph))
             }
         };
         Ok(OnnxEngine {
@@ -294,8 +295,8 @@ fn specs_from_graph<'a>(
     Ok(specs)
 }
 
-/// Checks that a text model's graph takes token inputs and gives embeddings; returns how to read them and their
-/// length.
+/// Checks that a text model's graph takes token inputs and gives embeddings (or a scoring model's logits); returns
+/// how to read them and their length.
 fn text_graph(
     config: &ModelConfig,
     inputs: &[TensorSpec],
@@ -323,15 +324,17 @@ fn text_graph(
         ))
     })?;
     let is_float = |s: &&TensorSpec| matches!(s.datatype, DataType::Fp32 | DataType::Fp16);
-    // A graph that pools by itself is used as it is; otherwise its hidden state is pooled here.
-    let output = outputs
-        .iter()
-        .filter(is_float)
-        .find(|s| s.shape.len() == 2)
-        .or_else(|| outputs.iter().filter(is_float).find(|s| s.shape.len() == 3))
-        .ok_or_else(|| {
+    // A graph that pools by itself is used as it is; otherwise its hidden state is pooled here. A scoring model's
+    // graph ends in its classification head: logits [batch, labels].
+    let pooled = outputs.iter().filter(is_float).find(|s| s.shape.len() == 2);
+    let output = match config.task.scores() {
+        true => {
+            pooled.ok_or_else(|| bad("a scoring model's graph needs an FP32 or FP16 output [batch, labels]".into()))?
+        }
+        false => pooled.or_else(|| outputs.iter().filter(is_float).find(|s| s.shape.len() == 3)).ok_or_else(|| {
             bad("a text model's graph needs an FP32 or FP16 output [batch, dim] or [batch, sequence, dim]".into())
-        })?;
+        })?,
+    };
     let dimensions =
         output.shape.last().and_then(|&d| usize::try_from(d).ok()).ok_or_else(|| {
             bad(format!("output `{}` has no fixed embedding length: {:?}", output.name, output.shape))

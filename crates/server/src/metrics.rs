@@ -57,16 +57,19 @@ pub enum Protocol {
     Predict,
     /// The KServe v2 `infer` routes.
     V2,
-    /// TEI's `/embed` routes.
+    /// TEI's routes: `/embed`, `/rerank`, `/`, TEI's `/predict` on its own routes.
     Tei,
     /// OpenAI's `/v1/embeddings`.
     OpenAi,
     /// KServe v2 over gRPC: `ModelInfer`, and each request on a `ModelStreamInfer` stream.
     Grpc,
+    /// Cohere's and Jina's `/v1/rerank`, `/v2/rerank`.
+    Cohere,
 }
 
 impl Protocol {
-    pub const ALL: [Protocol; 5] = [Protocol::Predict, Protocol::V2, Protocol::Tei, Protocol::OpenAi, Protocol::Grpc];
+    pub const ALL: [Protocol; 6] =
+        [Protocol::Predict, Protocol::V2, Protocol::Tei, Protocol::OpenAi, Protocol::Grpc, Protocol::Cohere];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -75,6 +78,7 @@ impl Protocol {
             Protocol::Tei => "tei",
             Protocol::OpenAi => "openai",
             Protocol::Grpc => "grpc",
+            Protocol::Cohere => "cohere",
         }
     }
 }

@@ -10,7 +10,8 @@ use axum::http::request::Parts;
 use crate::budget::Hold;
 use crate::codec::quoted;
 use crate::error::AppError;
-use inferd_models::LoadedModel;
+use inferd_core::Task;
+use inferd_models::{Defaults, LoadedModel};
 
 use crate::registry::{quoted_list, ModelEntry, Registry};
 use crate::state::AppState;
@@ -25,15 +26,28 @@ pub const VERSION_PARAM: &str = "version";
 pub enum ModelFrom {
     /// The route serves the default model (`/predict`).
     Default,
-    /// The route serves the default text model (`/embed`).
-    DefaultEmbed,
+    /// The route serves the default model of a text task: `/embed`, `/rerank`, TEI's `/predict`, TEI's `/` and
+    /// `/info`.
+    DefaultOf(TextDefault),
     /// The [`MODEL_PARAM`] path parameter, with [`VERSION_PARAM`] when the route has one.
     Path,
 }
 
-/// The model a route names, resolved by the checkpoint, and the version the route asked for.
+/// Which of the repository's default text models a route serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextDefault {
+    Embed,
+    Rerank,
+    Classify,
+    /// TEI's `/` and `/info`: the default model when it takes texts, or else the default embedder, reranker or
+    /// classifier.
+    Any,
+}
+
+/// The model a route names, resolved by the checkpoint, the version the route asked for, and whether the path
+/// named it.
 #[derive(Clone)]
-struct Resolved(Result<Arc<ModelEntry>, AppError>, Option<u64>);
+struct Resolved(Result<Arc<ModelEntry>, AppError>, Option<u64>, bool);
 
 /// Resolves the model a request names (see [`ModelFrom`]) and keeps the outcome for the handler; returns the
 /// model's metrics label, `None` where the server has no such model.
@@ -41,12 +55,10 @@ pub async fn resolve(state: &AppState, from: ModelFrom, parts: &mut Parts) -> Op
     let registry = state.registry();
     let (resolved, version, label) = match from {
         ModelFrom::Default => labelled(default(registry, state.defaults().model.as_deref(), no_default_model)),
-        ModelFrom::DefaultEmbed => {
-            labelled(default(registry, state.defaults().embed.as_deref(), no_default_text_model))
-        }
+        ModelFrom::DefaultOf(which) => labelled(default_text(registry, state.defaults(), which)),
         ModelFrom::Path => from_path(state, parts).await,
     };
-    parts.extensions.insert(Resolved(resolved, version));
+    parts.extensions.insert(Resolved(resolved, version, from == ModelFrom::Path));
     label
 }
 
@@ -76,16 +88,32 @@ fn no_default_model(registry: &Registry) -> String {
     format!("this server has several models ({names}): use /models/{{model}}/predict, or start it with --default-model")
 }
 
-fn no_default_text_model(registry: &Registry) -> String {
-    let names = registry.names(|m| m.config.task == inferd_core::Task::Embed);
-    if names.is_empty() {
-        return "this server has no text model: /embed serves a model whose task is `embed`".to_owned();
+/// The default model of a text task, or the 400 that says why there is none and what to do instead.
+pub fn default_text(registry: &Registry, defaults: &Defaults, which: TextDefault) -> Result<Arc<ModelEntry>, AppError> {
+    let (name, task, route, flag) = match which {
+        TextDefault::Embed => (&defaults.embed, Task::Embed, "embed", "--default-embed-model"),
+        TextDefault::Rerank => (&defaults.rerank, Task::Rerank, "rerank", "--default-model"),
+        TextDefault::Classify => (&defaults.classify, Task::Classify, "predict", "--default-model"),
+        TextDefault::Any => (&defaults.text, Task::Embed, "", "--default-model"),
+    };
+    if let Some(name) = name {
+        return registry.resolve(name, None);
     }
-    format!(
-        "this server has several text models ({}): use /models/{{model}}/embed, or start it with \
-         --default-embed-model",
-        quoted_list(&names)
-    )
+    let names = registry.names(|m| match which {
+        TextDefault::Any => m.config.task.is_text(),
+        _ => m.config.task == task,
+    });
+    let what = match which {
+        TextDefault::Any => "text model".to_owned(),
+        _ => format!("model whose task is `{}`", task.as_str()),
+    };
+    Err(AppError::bad_request(match names.is_empty() {
+        true => format!("this server has no {what}"),
+        false => format!(
+            "this server has several of them ({}): use /models/{{model}}/{route}, or start it with {flag}",
+            quoted_list(&names)
+        ),
+    }))
 }
 
 /// The model and version the path names, and the model's label, even where the version is not one of its own.
@@ -133,6 +161,7 @@ pub struct RoutedModel {
     entry: Arc<ModelEntry>,
     /// The version the route asked for, if it named one.
     version: Option<u64>,
+    named: bool,
 }
 
 impl RoutedModel {
@@ -143,6 +172,11 @@ impl RoutedModel {
             false => Ok(self.entry.clone()),
             true => registry.resolve(self.entry.name(), self.version),
         }
+    }
+
+    /// Whether the route named the model (`/models/{model}/…`), rather than serving a default.
+    pub fn named(&self) -> bool {
+        self.named
     }
 
     /// The loaded model version, or why it is not served.
@@ -156,7 +190,9 @@ impl<S: Send + Sync> FromRequestParts<S> for RoutedModel {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         match parts.extensions.get::<Resolved>() {
-            Some(Resolved(resolved, version)) => resolved.clone().map(|entry| RoutedModel { entry, version: *version }),
+            Some(Resolved(resolved, version, named)) => {
+                resolved.clone().map(|entry| RoutedModel { entry, version: *version, named: *named })
+            }
             None => Err(AppError::internal("the route names no model to its checkpoint; this is a bug")),
         }
     }

@@ -43,6 +43,8 @@ fn text_batcher(observer: Arc<Observed>) -> Batcher {
             normalize: false,
             dimensions: 1,
             vocab_size: None,
+            labels: Vec::new(),
+            multi_label: false,
         }),
     };
     Batcher::start("tokens", &BatchingConfig::default(), vec![Box::new(TokenCounter { metadata })], observer)

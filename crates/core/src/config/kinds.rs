@@ -126,6 +126,10 @@ pub enum Task {
     Tensors,
     /// Texts in, one embedding vector per text out.
     Embed,
+    /// A cross-encoder: a query and passages in, one relevance score per passage out.
+    Rerank,
+    /// A sequence classifier: texts (or pairs of texts) in, a score per label out.
+    Classify,
 }
 
 impl Task {
@@ -133,7 +137,19 @@ impl Task {
         match self {
             Task::Tensors => "tensors",
             Task::Embed => "embed",
+            Task::Rerank => "rerank",
+            Task::Classify => "classify",
         }
+    }
+
+    /// Whether the model takes texts, which the server tokenizes.
+    pub fn is_text(self) -> bool {
+        self != Task::Tensors
+    }
+
+    /// Whether the model scores texts with a classification head (a score per label) rather than embedding them.
+    pub fn scores(self) -> bool {
+        matches!(self, Task::Rerank | Task::Classify)
     }
 }
 

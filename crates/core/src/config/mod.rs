@@ -87,6 +87,7 @@ struct RawModelConfig {
     pooling: Option<Pooling>,
     normalize: Option<bool>,
     max_seq_len: Option<usize>,
+    labels: Option<Vec<String>>,
     #[serde(default)]
     warmup: WarmupConfig,
     #[serde(default)]
@@ -147,11 +148,11 @@ impl ModelConfig {
         let raw: RawModelConfig = toml::from_str(text).map_err(|e| fail(one_line(&e.to_string())))?;
         let file = match (raw.file, raw.backend, raw.task) {
             (Some(file), _, _) => file,
-            (None, Backend::Candle, Task::Embed) => PathBuf::from(DEFAULT_TEXT_WEIGHTS),
+            (None, Backend::Candle, task) if task.is_text() => PathBuf::from(DEFAULT_TEXT_WEIGHTS),
             (None, _, _) => return Err(fail("missing field `file`".into())),
         };
         let candle = match (raw.candle, raw.backend, raw.task) {
-            (None, Backend::Candle, Task::Embed) => {
+            (None, Backend::Candle, task) if task.is_text() => {
                 Some(CandleOptions { architecture: "bert".into(), layers: Vec::new(), activations: Vec::new() })
             }
             (candle, _, _) => candle,
@@ -178,6 +179,7 @@ impl ModelConfig {
                 pooling: raw.pooling,
                 normalize: raw.normalize,
                 max_seq_len: raw.max_seq_len,
+                labels: raw.labels,
             },
             warmup: WarmupConfig {
                 inputs: raw
@@ -213,7 +215,7 @@ impl ModelConfig {
                 b.max_batch_size
             ));
         }
-        if b.max_batch_size == 0 && self.task == Task::Embed {
+        if b.max_batch_size == 0 && self.task.is_text() {
             return Err("batching.max_batch_size: a text model batches its texts; 0 is for tensor models".into());
         }
         if b.max_queue_size == 0 {
@@ -228,10 +230,19 @@ impl ModelConfig {
         if b.max_batch_tokens == 0 {
             return Err("batching.max_batch_tokens: must be at least 1".into());
         }
-        if self.task != Task::Embed && self.text != TextOverrides::default() {
-            return Err(
-                "tokenizer, pooling, normalize and max_seq_len belong to text models: add task = \"embed\"".into()
-            );
+        if !self.task.is_text() && self.text != TextOverrides::default() {
+            return Err("tokenizer, pooling, normalize, max_seq_len and labels belong to text models: add task = \
+                        \"embed\", \"rerank\" or \"classify\""
+                .into());
+        }
+        if self.text.labels.is_some() && !self.task.scores() {
+            return Err("labels: only a model with task = \"rerank\" or \"classify\" has labels".into());
+        }
+        if self.text.labels.as_ref().is_some_and(|l| l.is_empty() || l.iter().any(String::is_empty)) {
+            return Err("labels: a list of non-empty names, one per output of the classification head".into());
+        }
+        if self.task == Task::Rerank && self.text.labels.as_ref().is_some_and(|l| l.len() != 1) {
+            return Err("labels: a reranker scores with one label".into());
         }
         if self.text.max_seq_len == Some(0) {
             return Err("max_seq_len: must be at least 1".into());
@@ -271,7 +282,7 @@ impl ModelConfig {
         if self.onnx.intra_op_threads == Some(0) {
             return Err("onnx.intra_op_threads: must be at least 1".into());
         }
-        if self.task == Task::Embed && !self.warmup.inputs.is_empty() {
+        if self.task.is_text() && !self.warmup.inputs.is_empty() {
             return Err(
                 "warmup.inputs: a text model warms with texts of its longest length; only `skip` applies".into()
             );

@@ -41,6 +41,8 @@ pub struct TextOverrides {
     pub pooling: Option<Pooling>,
     pub normalize: Option<bool>,
     pub max_seq_len: Option<usize>,
+    /// A scoring model's label names, in the order of its head's outputs.
+    pub labels: Option<Vec<String>>,
 }
 
 /// The weights a candle text model reads when `file` is not given: the hub's name.

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use inferd_core::text::TOKEN_TYPE_IDS;
+use inferd_core::text::{TextInfo, ATTENTION_MASK, INPUT_IDS, TOKEN_TYPE_IDS};
 use inferd_core::{Pooling, Precision};
 
 use super::*;
@@ -40,6 +40,8 @@ fn task(dir: &Path, max_seq_len: usize) -> EmbedTask {
             normalize: true,
             dimensions: 2,
             vocab_size: None,
+            labels: Vec::new(),
+            multi_label: false,
         }),
     };
     EmbedTask::load(&engine).expect("loads")

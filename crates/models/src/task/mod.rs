@@ -3,7 +3,9 @@
 //! they never see a task's insides. A new task is one new type implementing [`Task`], and one line in [`for_model`].
 
 mod embed;
+mod score;
 mod tensors;
+mod text;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,6 +14,7 @@ use inferd_batcher::InferRequest;
 use inferd_core::{ModelConfig, ModelMetadata, Tensor};
 
 pub use self::embed::{EmbedTask, TEXT_INPUT};
+pub use self::score::{ScoreTask, QUERY_INPUT, SCORES_OUTPUT, SCORE_OUTPUT};
 pub use self::tensors::TensorTask;
 
 /// What a client asks of a model, in the form a protocol decoded it into.
@@ -39,11 +42,13 @@ pub enum Input {
     /// Tensors in the order of the task's [`Task::metadata`] inputs, each already checked against its spec (data
     /// type and shape) by the protocol's decoder. A text model's is one `BYTES` input of texts.
     Tensors(Vec<Tensor>),
-    /// Texts, or token ids, as the text protocols send them.
+    /// Texts, or token ids, to embed, as the text protocols send them.
     Text(TextInput),
+    /// Texts, or pairs of texts, to score: a reranker's (query, passage) pairs, a classifier's texts.
+    Score(TextInput),
 }
 
-/// Texts to embed, and how.
+/// Texts to embed or score, and how.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TextInput {
     pub texts: Texts,
@@ -53,11 +58,13 @@ pub struct TextInput {
     pub normalize: Option<bool>,
     /// The embedding's length the client asked for; `None`: the model's own.
     pub dimensions: Option<usize>,
+    /// A scoring model's logits as they are, rather than as probabilities.
+    pub raw_scores: bool,
 }
 
 impl TextInput {
     pub fn new(texts: Texts) -> Self {
-        TextInput { texts, truncate: true, normalize: None, dimensions: None }
+        TextInput { texts, truncate: true, normalize: None, dimensions: None, raw_scores: false }
     }
 }
 
@@ -67,6 +74,8 @@ pub enum Texts {
     Strings(Vec<String>),
     /// Used as they are (OpenAI's lists of token ids).
     Ids(Vec<Vec<u32>>),
+    /// Pairs tokenized together, with the tokenizer's segment ids: (query, passage), (premise, hypothesis).
+    Pairs(Vec<(String, String)>),
 }
 
 impl Texts {
@@ -74,12 +83,25 @@ impl Texts {
         match self {
             Texts::Strings(t) => t.len(),
             Texts::Ids(i) => i.len(),
+            Texts::Pairs(p) => p.len(),
         }
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// One token of a tokenized text, as `/tokenize` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    pub id: u32,
+    pub text: String,
+    /// A special token the tokenizer added (`[CLS]`, `[SEP]`), which has no place in the text.
+    pub special: bool,
+    /// The token's byte span in the text; `None` for a special token.
+    pub start: Option<usize>,
+    pub stop: Option<usize>,
 }
 
 /// A model's answer to one request.
@@ -143,6 +165,16 @@ pub trait Task: Send + Sync + std::fmt::Debug {
     /// The step before the batcher: `request` as the batcher's request, with at most `max_rows` rows (texts
     /// count as rows), and the step after it. May block when [`Task::prepare_is_heavy`].
     fn prepare(&self, request: Request, max_rows: usize) -> Result<Prepared, TaskError>;
+
+    /// Each text's tokens as the model's tokenizer makes them, with its special tokens when `special`. Blocking.
+    fn tokenize(&self, _texts: &[String], _special: bool) -> Result<Vec<Vec<Token>>, TaskError> {
+        Err(TaskError::Invalid("it takes tensors, not text: it has no tokenizer".into()))
+    }
+
+    /// The text that token `ids` stand for, without special tokens when `skip_special`. Blocking.
+    fn decode(&self, _ids: &[u32], _skip_special: bool) -> Result<String, TaskError> {
+        Err(TaskError::Invalid("it takes tensors, not text: it has no tokenizer".into()))
+    }
 }
 
 /// The task of a model whose engines report `engine` as their metadata: the one place that picks a task.
@@ -151,5 +183,7 @@ pub fn for_model(config: &ModelConfig, engine: &ModelMetadata) -> anyhow::Result
     Ok(match config.task {
         inferd_core::Task::Tensors => Arc::new(TensorTask::new(engine.clone())),
         inferd_core::Task::Embed => Arc::new(EmbedTask::load(engine)?),
+        inferd_core::Task::Rerank => Arc::new(ScoreTask::load(engine, true)?),
+        inferd_core::Task::Classify => Arc::new(ScoreTask::load(engine, false)?),
     })
 }

@@ -33,6 +33,9 @@ impl Task for TensorTask {
             Input::Text(_) => {
                 Err(TaskError::Invalid("it does not embed text: it takes tensors (its task is not `embed`)".into()))
             }
+            Input::Score(_) => Err(TaskError::Invalid(
+                "it does not score text: it takes tensors (its task is not `rerank` or `classify`)".into(),
+            )),
         }
     }
 }

@@ -85,8 +85,9 @@ pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: 
     };
     drop(in_flight);
     if let Some((protocol, named_by_route)) = counted {
-        let label =
-            if named_by_route { label } else { response.extensions().get::<ServedModel>().map(|m| m.0.clone()) };
+        // A handler that served another model than the route's (TEI's `/predict` with `inputs`) says which.
+        let served = response.extensions().get::<ServedModel>().map(|m| m.0.clone());
+        let label = served.or(if named_by_route { label } else { None });
         metrics.request_done(
             label.as_deref().unwrap_or_default(),
             protocol,

@@ -20,8 +20,8 @@ use utoipa_axum::router::OpenApiRouter;
 use self::checkpoint::{Checkpoint, Guard};
 use crate::error::{AppError, ErrorKind};
 use crate::metrics::Protocol;
-use crate::request::ModelFrom;
-use crate::routes::{health, openai, predict, tei, v2};
+use crate::request::{ModelFrom, TextDefault};
+use crate::routes::{cohere, health, openai, predict, tei, v2};
 use crate::state::AppState;
 
 /// The request id: taken from the request, or made, and echoed in the response.
@@ -46,16 +46,38 @@ pub fn api(state: &AppState) -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(guarded(predict::default_route(), infer(Protocol::Predict, ModelFrom::Default)))
         .merge(guarded(predict::named_route(), infer(Protocol::Predict, ModelFrom::Path)))
         .merge(guarded(v2::inference_routes(), infer(Protocol::V2, ModelFrom::Path)))
-        .merge(guarded(
-            tei::default_route(),
-            Guard { refuse: tei::failure, ..infer(Protocol::Tei, ModelFrom::DefaultEmbed) },
-        ))
-        .merge(guarded(tei::named_route(), Guard { refuse: tei::failure, ..infer(Protocol::Tei, ModelFrom::Path) }))
+        .merge(tei_routes(&guarded, keyed))
+        .merge(guarded(cohere::routes(), Guard { protocol: Some(Protocol::Cohere), refuse: cohere::failure, ..keyed }))
         .merge(guarded(
             openai::inference_routes(),
             Guard { protocol: Some(Protocol::OpenAi), refuse: openai::failure, ..keyed },
         ))
         .split_for_parts()
+}
+
+/// TEI's routes, each serving its task's default model and, under `/models/{model}/…`, the named one.
+fn tei_routes(
+    guarded: &impl Fn(OpenApiRouter<AppState>, Guard) -> OpenApiRouter<AppState>,
+    keyed: Guard,
+) -> OpenApiRouter<AppState> {
+    let tei = |from| Guard { model: Some(from), refuse: tei::failure, ..keyed };
+    let infer = |from| Guard { protocol: Some(Protocol::Tei), ..tei(from) };
+    let default = |which| ModelFrom::DefaultOf(which);
+    OpenApiRouter::new()
+        .merge(guarded(tei::default_route(), infer(default(TextDefault::Embed))))
+        .merge(guarded(tei::similarity_default_routes(), infer(default(TextDefault::Embed))))
+        .merge(guarded(tei::score::default_routes(), infer(default(TextDefault::Rerank))))
+        .merge(guarded(tei::info::root_default_routes(), infer(default(TextDefault::Any))))
+        .merge(guarded(tei::info::info_default_routes(), tei(default(TextDefault::Any))))
+        .merge(guarded(tei::tokens::default_routes(), tei(default(TextDefault::Any))))
+        .merge(guarded(
+            tei::named_route()
+                .merge(tei::similarity_named_routes())
+                .merge(tei::score::named_routes())
+                .merge(tei::info::root_named_routes()),
+            infer(ModelFrom::Path),
+        ))
+        .merge(guarded(tei::info::info_named_routes().merge(tei::tokens::named_routes()), tei(ModelFrom::Path)))
 }
 
 /// The whole app over `state`.

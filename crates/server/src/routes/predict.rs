@@ -1,4 +1,6 @@
-//! The seed's simple API: `POST /predict` (the default model) and `POST /models/{model}/predict`.
+//! The seed's simple API: `POST /predict` (the default model) and `POST /models/{model}/predict`. A body whose
+//! `inputs` is a text or a list (TEI's `/predict`, which `tei-client` classifies with) rather than an object of
+//! named tensors is TEI's: it goes to the default classifier, or the named model, and is answered in TEI's shape.
 
 use std::time::Instant;
 
@@ -14,7 +16,8 @@ use utoipa_axum::routes;
 use crate::codec::predict::{decode_predict, PredictRequest, PredictResponse, Prediction};
 use crate::error::{body_error, AppError, InferErrors};
 use crate::ops::infer::{deadline_in, decode, encode, infer};
-use crate::request::{InflightHold, RoutedModel};
+use crate::request::{default_text, InflightHold, RoutedModel, ServedModel, TextDefault};
+use crate::routes::tei::TeiFailure;
 use crate::state::AppState;
 
 /// Milliseconds a `/predict` request may wait in the queue before it is answered 503 without running.
@@ -77,9 +80,12 @@ async fn predict(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, AppError> {
+    let body = body.map_err(body_error)?;
+    if is_tei(&body) {
+        return Ok(tei_predict(&state, model, &hold, body).await.unwrap_or_else(IntoResponse::into_response));
+    }
     let deadline = queue_deadline(&headers)?;
     let model = model?.serving(state.registry())?;
-    let body = body.map_err(body_error)?;
     let limits = *state.limits();
     let inputs = decode(&model, body.len(), move |meta| decode_predict(&body, &meta.inputs, &limits)).await?;
     let request = Request::new(Input::Tensors(inputs)).with_deadline(deadline);
@@ -95,6 +101,59 @@ async fn predict(
     .await?;
     let content_type = [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))];
     Ok((headers, content_type, body).into_response())
+}
+
+/// Whether a `/predict` body is TEI's: its `inputs` is a text or a list, where the seed's is an object of named
+/// tensors. Scans the body without keeping any of it.
+fn is_tei(body: &[u8]) -> bool {
+    struct Kind(bool);
+    impl<'de> serde::Deserialize<'de> for Kind {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Visit;
+            impl<'de> serde::de::Visitor<'de> for Visit {
+                type Value = Kind;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("any value")
+                }
+                fn visit_str<E>(self, _: &str) -> Result<Kind, E> {
+                    Ok(Kind(true))
+                }
+                fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Kind, A::Error> {
+                    while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                    Ok(Kind(true))
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Kind, A::Error> {
+                    while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+                    Ok(Kind(false))
+                }
+            }
+            d.deserialize_any(Visit)
+        }
+    }
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        inputs: Option<Kind>,
+    }
+    serde_json::from_slice::<Probe>(body).is_ok_and(|p| p.inputs.is_some_and(|k| k.0))
+}
+
+/// TEI's `/predict`: the route's model when it names one, else the default classifier.
+async fn tei_predict(
+    state: &AppState,
+    model: Result<RoutedModel, AppError>,
+    hold: &std::sync::Arc<crate::budget::Hold>,
+    body: Bytes,
+) -> Result<Response, TeiFailure> {
+    let entry = match model {
+        Ok(routed) if routed.named() => routed.current(state.registry())?,
+        _ => default_text(state.registry(), state.defaults(), TextDefault::Classify)?,
+    };
+    let label = ServedModel(entry.label());
+    let model = entry.serving()?;
+    let mut response =
+        crate::routes::tei::score::predict(state, &model, hold, body).await.unwrap_or_else(IntoResponse::into_response);
+    response.extensions_mut().insert(label);
+    Ok(response)
 }
 
 /// The queue deadline an `x-inferd-timeout-ms` header asks for.

@@ -1,0 +1,229 @@
+//! What every text task shares before the batcher: the model's tokenizer, texts (or pairs of texts, or token ids)
+//! turned into one token sequence each in the engine's input order, the limits checked on the way, and the
+//! tokenizer's own services (`/tokenize`, `/decode`). Tokenizing is CPU work: callers run it off the async runtime.
+
+use inferd_core::text::{TextInfo, ATTENTION_MASK, INPUT_IDS};
+use inferd_core::{ModelMetadata, Tensor};
+use tokenizers::{EncodeInput, Encoding, Tokenizer, TruncationParams, TruncationStrategy};
+
+use super::{TaskError, TextInput, Texts, Token};
+
+/// A text model's tokenizer and limits.
+pub(super) struct TextFront {
+    /// Neither pads nor truncates: the batcher pads, and truncation is asked per request.
+    tokenizer: Tokenizer,
+    /// Truncates at `max_seq_len`, the longer text of a pair first.
+    truncating: Tokenizer,
+    /// Truncates a pair's second text (the passage) alone, so the query stays whole where it can.
+    truncating_second: Tokenizer,
+    pub(super) info: TextInfo,
+    vocab_size: usize,
+    /// The engine's token inputs, in its order.
+    inputs: Vec<String>,
+}
+
+impl TextFront {
+    /// Loads the tokenizer a text engine's metadata names. Blocking.
+    pub(super) fn load(engine: &ModelMetadata) -> anyhow::Result<TextFront> {
+        let info = engine.text.clone().ok_or_else(|| anyhow::anyhow!("the engine is not a text model's"))?;
+        let path = &info.tokenizer;
+        let failed = |e: tokenizers::Error| anyhow::anyhow!("tokenizer {}: {e}", path.display());
+        let mut tokenizer = Tokenizer::from_file(path)
+            .map_err(|e| anyhow::anyhow!("cannot read the tokenizer {}: {e}", path.display()))?;
+        // A hub tokenizer.json may pad to a fixed length and truncate at its own: both are inferd's to decide.
+        tokenizer.with_padding(None);
+        tokenizer.with_truncation(None).map_err(failed)?;
+        let truncating_at = |strategy| {
+            let mut t = tokenizer.clone();
+            t.with_truncation(Some(TruncationParams {
+                max_length: info.max_seq_len,
+                strategy,
+                ..TruncationParams::default()
+            }))
+            .map_err(failed)?;
+            anyhow::Ok(t)
+        };
+        let truncating = truncating_at(TruncationStrategy::LongestFirst)?;
+        let truncating_second = truncating_at(TruncationStrategy::OnlySecond)?;
+        let vocab_size = info.vocab_size.unwrap_or_else(|| tokenizer.get_vocab_size(true));
+        Ok(TextFront {
+            tokenizer,
+            truncating,
+            truncating_second,
+            vocab_size,
+            inputs: engine.inputs.iter().map(|s| s.name.clone()).collect(),
+            info,
+        })
+    }
+
+    /// One token sequence per text (or pair), and the tokens they hold, within `max_rows` texts. `what` names the
+    /// work in errors ("embed"). Blocking.
+    pub(super) fn sequences(
+        &self,
+        input: &TextInput,
+        max_rows: usize,
+        what: &str,
+    ) -> Result<(Vec<Vec<Tensor>>, usize), TaskError> {
+        let count = input.texts.len();
+        if count == 0 {
+            return Err(TaskError::Invalid(format!("no texts to {what}: the input is empty")));
+        }
+        if count > max_rows {
+            return Err(TaskError::OverLimit(format!(
+                "the request has {count} texts; this server takes at most {max_rows} per request (--max-rows)"
+            )));
+        }
+        let mut sequences = Vec::with_capacity(count);
+        let mut tokens = 0usize;
+        let mut push = |ids: &[u32], types: &[u32]| -> Result<(), TaskError> {
+            tokens += ids.len();
+            sequences.push(self.sequence(ids, types)?);
+            Ok(())
+        };
+        match &input.texts {
+            Texts::Strings(texts) => {
+                for (i, text) in texts.iter().enumerate() {
+                    if text.is_empty() {
+                        return Err(TaskError::Invalid(format!("text {i} is empty: there is nothing to {what}")));
+                    }
+                    let encoding = self.encode(text.as_str().into(), input.truncate, i)?;
+                    push(encoding.get_ids(), encoding.get_type_ids())?;
+                }
+            }
+            Texts::Pairs(pairs) => {
+                for (i, (first, second)) in pairs.iter().enumerate() {
+                    if first.is_empty() || second.is_empty() {
+                        let which = if first.is_empty() { "first" } else { "second" };
+                        return Err(TaskError::Invalid(format!("pair {i}: its {which} text is empty")));
+                    }
+                    let encoding = self.encode((first.as_str(), second.as_str()).into(), input.truncate, i)?;
+                    push(encoding.get_ids(), encoding.get_type_ids())?;
+                }
+            }
+            Texts::Ids(lists) => {
+                let max = self.info.max_seq_len;
+                for (i, ids) in lists.iter().enumerate() {
+                    if ids.is_empty() {
+                        return Err(TaskError::Invalid(format!("token list {i} is empty: there is nothing to {what}")));
+                    }
+                    self.check_ids(ids, &format!("token list {i}"))?;
+                    let ids = if ids.len() > max && input.truncate { &ids[..max] } else { &ids[..] };
+                    if ids.len() > max {
+                        return Err(TaskError::Invalid(format!(
+                            "token list {i} is {} tokens long; this model takes at most {max}",
+                            ids.len()
+                        )));
+                    }
+                    push(ids, &vec![0; ids.len()])?;
+                }
+            }
+        }
+        Ok((sequences, tokens))
+    }
+
+    /// Tokenizes text (or pair) `i`, truncated at the model's length when `truncate`; refused when longer.
+    fn encode(&self, input: EncodeInput<'_>, truncate: bool, i: usize) -> Result<Encoding, TaskError> {
+        let pair = matches!(input, EncodeInput::Dual(..));
+        let invalid = |e: tokenizers::Error| TaskError::Invalid(format!("text {i} cannot be tokenized: {e}"));
+        let encoding = match (truncate, pair) {
+            (false, _) => self.tokenizer.encode_fast(input, true),
+            (true, false) => self.truncating.encode_fast(input, true),
+            // Cut the passage; where the query alone is too long, cut the longer of the two.
+            (true, true) => self
+                .truncating_second
+                .encode_fast(input.clone(), true)
+                .or_else(|_| self.truncating.encode_fast(input, true)),
+        }
+        .map_err(invalid)?;
+        let (len, max) = (encoding.get_ids().len(), self.info.max_seq_len);
+        if len > max {
+            let what = if pair { "pair" } else { "text" };
+            return Err(TaskError::Invalid(format!(
+                "{what} {i} is {len} tokens long; this model takes at most {max} (send \"truncate\": true to cut it)"
+            )));
+        }
+        Ok(encoding)
+    }
+
+    /// Refuses an id outside the vocabulary.
+    fn check_ids(&self, ids: &[u32], what: &str) -> Result<(), TaskError> {
+        match ids.iter().find(|&&id| id as usize >= self.vocab_size) {
+            Some(bad) => Err(TaskError::Invalid(format!(
+                "{what}: id {bad} is outside the model's vocabulary of {} tokens",
+                self.vocab_size
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// One sequence's token inputs `[1, len]`, in the engine's order.
+    fn sequence(&self, ids: &[u32], types: &[u32]) -> Result<Vec<Tensor>, TaskError> {
+        let len = ids.len();
+        self.inputs
+            .iter()
+            .map(|name| {
+                let values: Vec<i64> = match name.as_str() {
+                    INPUT_IDS => ids.iter().map(|&i| i64::from(i)).collect(),
+                    ATTENTION_MASK => vec![1; len],
+                    _ => types.iter().map(|&i| i64::from(i)).collect(),
+                };
+                Tensor::from_slice(vec![1, len], &values).map_err(|e| TaskError::Internal(e.to_string()))
+            })
+            .collect()
+    }
+
+    /// Each text's tokens, with the special tokens when `special`, untruncated. Blocking.
+    pub(super) fn tokens(&self, texts: &[String], special: bool) -> Result<Vec<Vec<Token>>, TaskError> {
+        texts
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                // `encode`, not `encode_fast`: the spans are wanted here.
+                let encoding = self
+                    .tokenizer
+                    .encode(text.as_str(), special)
+                    .map_err(|e| TaskError::Invalid(format!("text {i} cannot be tokenized: {e}")))?;
+                let special_mask = encoding.get_special_tokens_mask();
+                Ok(encoding
+                    .get_ids()
+                    .iter()
+                    .zip(encoding.get_tokens())
+                    .zip(encoding.get_offsets())
+                    .zip(special_mask)
+                    .map(|(((&id, token), &(start, stop)), &s)| {
+                        let special = s == 1;
+                        // A text's token is shown as the span of the text it covers (byte offsets).
+                        let span = text.get(start..stop).filter(|_| !special);
+                        Token {
+                            id,
+                            text: span.map_or_else(|| token.clone(), str::to_owned),
+                            special,
+                            start: (!special).then_some(start),
+                            stop: (!special).then_some(stop),
+                        }
+                    })
+                    .collect())
+            })
+            .collect()
+    }
+
+    /// The text of token ids, without the special tokens when `skip_special`. Blocking.
+    pub(super) fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TaskError> {
+        self.check_ids(ids, "ids")?;
+        self.tokenizer.decode(ids, skip_special).map_err(|e| TaskError::Invalid(format!("cannot decode: {e}")))
+    }
+}
+
+/// The texts of a request on a tensor protocol's `BYTES` input `name`, each element UTF-8.
+pub(super) fn strings_of(tensor: &Tensor, name: &str) -> Result<Vec<String>, TaskError> {
+    tensor
+        .byte_strings()
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .map(|(i, bytes)| {
+            String::from_utf8(bytes.clone())
+                .map_err(|_| TaskError::Invalid(format!("input `{name}`: element {i} is not UTF-8 text")))
+        })
+        .collect()
+}
