@@ -136,6 +136,22 @@ def test_every_answer_matches_its_documented_schema(server_url):
         ("post", "/v1/embeddings", b"{\"model\": \"minilm\", \"input\": \"a\", \"dimensions\": 3}", 400),
         ("post", "/v1/embeddings", b"{\"model\": \"nope\", \"input\": \"a\"}", 404),
         ("get", "/v1/models", None, 200),
+        ("get", "/info", None, 200),
+        ("get", "/models/classifier/info", None, 200),
+        ("post", "/", b"{\"inputs\": \"a\"}", 200),
+        ("post", "/models/reranker", b"{\"query\": \"q\", \"texts\": [\"a\"]}", 200),
+        ("post", "/rerank", b"{\"query\": \"q\", \"texts\": [\"a\", \"b\"], \"return_text\": true}", 200),
+        ("post", "/rerank", b"{\"query\": \"\", \"texts\": [\"a\"]}", 400),
+        ("post", "/models/reranker/rerank", b"{\"query\": \"q\", \"texts\": [\"a\"]}", 200),
+        ("post", "/tokenize", b"{\"inputs\": \"a b\"}", 200),
+        ("post", "/models/classifier/tokenize", b"{\"inputs\": [\"a\"]}", 200),
+        ("post", "/decode", b"{\"ids\": [101, 102]}", 200),
+        ("post", "/models/minilm/decode", b"{\"ids\": [[101], [102]]}", 200),
+        ("post", "/similarity", b"{\"inputs\": {\"source_sentence\": \"a\", \"sentences\": [\"b\"]}}", 200),
+        ("post", "/models/minilm/similarity", b"{\"inputs\": {\"source_sentence\": \"a\", \"sentences\": []}}", 400),
+        ("post", "/v1/rerank", b"{\"query\": \"q\", \"documents\": [\"a\"], \"return_documents\": true}", 200),
+        ("post", "/v2/rerank", b"{\"model\": \"reranker\", \"query\": \"q\", \"documents\": [\"a\"]}", 200),
+        ("post", "/v2/rerank", b"{\"query\": \"q\", \"documents\": []}", 400),
     ]
     covered = set()
     for method, path, body, want in cases:
