@@ -55,14 +55,21 @@ def post(url, body, headers=None):
         return e.code, json.loads(e.read())
 
 
-def encode_pairs(folder, pairs):
+def tokenizer_of(folder):
+    """The folder's tokenizer, unpadded (a hub tokenizer.json may pad to a fixed length)."""
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def encode_pairs(folder, pairs):
+    tokenizer = tokenizer_of(folder)
     encodings = [tokenizer.encode(a, b) for a, b in pairs]
     return [e.ids for e in encodings], [e.type_ids for e in encodings]
 
 
 def encode_texts(folder, texts):
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer = tokenizer_of(folder)
     encodings = [tokenizer.encode(t) for t in texts]
     return [e.ids for e in encodings], [e.type_ids for e in encodings]
 
@@ -146,6 +153,32 @@ def test_tei_client_works_unchanged(server):
     assert embedder.decode([101, 7592, 2088, 102]) == ["hello world"]
 
 
+def test_tei_client_embed_all_gives_each_tokens_state(server):
+    """A vector per token, special tokens included, unpooled: the texts differ in length, so they are batched
+    padded to the longest, and each comes back cut to its own tokens."""
+    texts = ["Hello world!", "GPUs", PASSAGES[3], "naïve café résumé"]
+    folder = MODELS / "minilm"
+    reference = Reference(folder)
+    ids, types = encode_texts(folder, texts)
+    want = [reference.hidden_states(i, t) for i, t in zip(ids, types)]
+    for model, tolerance in (("minilm", 1e-3), ("minilm-int8", None)):
+        got = HttpClient(f"http://{server}/models/{model}").embed_all(texts)
+        assert [np.asarray(g).shape for g in got] == [w.shape for w in want]
+        for g, w in zip(got, want):
+            g = np.asarray(g, dtype=np.float64)
+            cosines = (g * w).sum(1) / np.linalg.norm(g, axis=1) / np.linalg.norm(w, axis=1)
+            if tolerance is None:  # ONNX Runtime's int8 export: close, not equal (0.998 at worst, measured)
+                assert cosines.min() >= 0.99, cosines
+            else:
+                assert cosines.min() >= 0.9999, cosines
+                assert np.max(np.abs(g - w)) < tolerance
+    # The default embedding model answers /embed_all too, and mean pooling its states gives /embed unnormalised.
+    status, states = post(f"http://{server}/embed_all", {"inputs": texts[0]})
+    assert status == 200 and np.asarray(states).shape == (1, *want[0].shape)
+    status, pooled = post(f"http://{server}/embed", {"inputs": texts[0], "normalize": False})
+    assert np.max(np.abs(np.asarray(states[0]).mean(0) - pooled[0])) < 1e-5
+
+
 def test_huggingface_hub_inference_client_works_unchanged(server):
     embedder = InferenceClient(base_url=f"http://{server}/models/minilm")
     vector = embedder.feature_extraction("dynamic batching")
@@ -213,6 +246,9 @@ def test_padding_never_changes_a_score(server):
     ("/models/minilm/predict", {"inputs": ["a", "b"]}, 400, "does not rerank or classify"),
     ("/models/minilm/rerank", {"query": "q", "texts": ["a"]}, 400, "does not rerank or classify"),
     ("/models/reranker/embed", {"inputs": "a"}, 400, "does not embed"),
+    ("/models/classifier/embed_all", {"inputs": "a"}, 400, "does not embed"),
+    ("/embed_all", {"inputs": ["word " * 600], "truncate": False}, 400, "tokens long"),
+    ("/embed_all", {"inputs": []}, 400, "empty"),
     ("/predict", {"inputs": ["a", "b", "c"]}, 400, "one text or a pair"),
     ("/decode", {"ids": [999999]}, 400, "outside the model's vocabulary"),
     ("/models/nope/rerank", {"query": "q", "texts": ["a"]}, 404, "nope"),

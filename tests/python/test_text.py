@@ -1,8 +1,8 @@
 """Text embeddings against an independent reference and through the clients people use unchanged: OpenAI's
 `openai`, Triton's `tritonclient` (BYTES, JSON and binary), TEI's JSON shapes and inferd's own /predict.
 
-The reference is all-MiniLM-L6-v2 written out here in float64 numpy from the same safetensors file, fed by the
-same tokenizer.json (truncated at 256 tokens, unpadded), mean-pooled and normalised as sentence-transformers does."""
+The reference is all-MiniLM-L6-v2 in float64 numpy (tests/python/reference.py) from the same safetensors file, fed by
+the same tokenizer.json (truncated at 256 tokens, unpadded), mean-pooled and normalised as sentence-transformers does."""
 
 import base64
 import json
@@ -14,8 +14,9 @@ import numpy as np
 import openai
 import pytest
 import tritonclient.http as httpclient
-from safetensors.numpy import load_file
 from tokenizers import Tokenizer
+
+from reference import Reference
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "minilm"
@@ -55,51 +56,9 @@ def tokenizer():
     return t
 
 
-class ReferenceBert:
-    """BERT in float64 numpy: embeddings, 6 post-norm encoder layers with exact (erf) GELU, mean pooling."""
-
-    def __init__(self):
-        self.w = {k: v.astype(np.float64) for k, v in load_file(str(MODEL / "model.safetensors")).items()}
-        self.config = json.loads((MODEL / "config.json").read_text())
-
-    def layer_norm(self, x, name):
-        mean = x.mean(-1, keepdims=True)
-        var = ((x - mean) ** 2).mean(-1, keepdims=True)
-        eps = self.config["layer_norm_eps"]
-        return (x - mean) / np.sqrt(var + eps) * self.w[name + ".weight"] + self.w[name + ".bias"]
-
-    def linear(self, x, name):
-        return x @ self.w[name + ".weight"].T + self.w[name + ".bias"]
-
-    def embed(self, ids, type_ids):
-        from math import erf, sqrt
-
-        gelu = np.vectorize(lambda v: 0.5 * v * (1.0 + erf(v / sqrt(2.0))))
-        n = len(ids)
-        x = (self.w["embeddings.word_embeddings.weight"][ids]
-             + self.w["embeddings.position_embeddings.weight"][:n]
-             + self.w["embeddings.token_type_embeddings.weight"][type_ids])
-        x = self.layer_norm(x, "embeddings.LayerNorm")
-        heads = self.config["num_attention_heads"]
-        d = x.shape[1] // heads
-        for i in range(self.config["num_hidden_layers"]):
-            p = f"encoder.layer.{i}."
-            q, k, v = (self.linear(x, p + f"attention.self.{m}").reshape(n, heads, d).transpose(1, 0, 2)
-                       for m in ("query", "key", "value"))
-            scores = q @ k.transpose(0, 2, 1) / np.sqrt(d)
-            scores = np.exp(scores - scores.max(-1, keepdims=True))
-            context = (scores / scores.sum(-1, keepdims=True)) @ v
-            context = context.transpose(1, 0, 2).reshape(n, heads * d)
-            x = self.layer_norm(self.linear(context, p + "attention.output.dense") + x, p + "attention.output.LayerNorm")
-            hidden = gelu(self.linear(x, p + "intermediate.dense"))
-            x = self.layer_norm(self.linear(hidden, p + "output.dense") + x, p + "output.LayerNorm")
-        pooled = x.mean(0)
-        return pooled / np.linalg.norm(pooled)
-
-
 @pytest.fixture(scope="module")
 def reference():
-    bert, tok = ReferenceBert(), tokenizer()
+    bert, tok = Reference(MODEL), tokenizer()
     encodings = [tok.encode(s) for s in SENTENCES]
     vectors = np.stack([bert.embed(np.array(e.ids), np.array(e.type_ids)) for e in encodings])
     return vectors, [len(e.ids) for e in encodings]

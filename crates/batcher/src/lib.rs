@@ -127,6 +127,7 @@ impl Batcher {
     /// batch (see [`InferRequest`]); an engine that refuses an input answers that request alone with
     /// [`BatchError::InvalidInput`].
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, BatchError> {
+        let hidden_states = request.hidden_states;
         let (pending, depth) = self.queue.admit(request)?;
         self.observer.request_queued(depth);
 
@@ -141,19 +142,28 @@ impl Batcher {
         if answers.len() == 1 {
             return answers.pop().ok_or_else(|| BatchError::Engine("no answer".into()));
         }
-        let outputs = (0..self.metadata().outputs.len())
-            .map(|i| {
-                let parts: Vec<&Tensor> = answers.iter().filter_map(|a| a.outputs.get(i)).collect();
-                Tensor::concat_rows(&parts)
-                    .map_err(|e| BatchError::Engine(format!("reassembling a split request: {e}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        // Hidden states are padded to each batch's own length: one output per sequence, not joined.
+        let outputs = match hidden_states {
+            true => answers.iter_mut().flat_map(|a| std::mem::take(&mut a.outputs)).collect(),
+            false => self.join_pieces(&answers)?,
+        };
         Ok(InferResponse {
             outputs,
             batch_rows: answers.iter().map(|a| a.batch_rows).max().unwrap_or(0),
             queue_time: answers.iter().map(|a| a.queue_time).max().unwrap_or_default(),
             compute_time: answers.iter().map(|a| a.compute_time).sum(),
         })
+    }
+
+    /// A split request's outputs, each joined from its pieces' in order.
+    fn join_pieces(&self, answers: &[InferResponse]) -> Result<Vec<Tensor>, BatchError> {
+        (0..self.metadata().outputs.len())
+            .map(|i| {
+                let parts: Vec<&Tensor> = answers.iter().filter_map(|a| a.outputs.get(i)).collect();
+                Tensor::concat_rows(&parts)
+                    .map_err(|e| BatchError::Engine(format!("reassembling a split request: {e}")))
+            })
+            .collect()
     }
 
     /// Draining: from now on batches are cut without waiting for a fuller one. Requests are still taken.

@@ -80,9 +80,11 @@ pub(crate) struct Pending {
     pub(crate) rows: usize,
     /// Text models: the sequence length (dim 1) of its rows; 0 otherwise.
     pub(crate) seq_len: usize,
-    /// Data types and non-batch dimensions: requests batch only with equal keys, which is what lets their
-    /// inputs be joined.
-    key: Vec<(DataType, Vec<usize>)>,
+    /// Requests batch only with equal keys, which is what lets their inputs be joined and one engine call serve
+    /// them all.
+    key: BatchKey,
+    /// It wants each token's final state rather than the model's outputs.
+    pub(crate) hidden_states: bool,
     pub(crate) enqueued_at: Instant,
     deadline: Option<Instant>,
     pub(crate) reply: oneshot::Sender<Result<InferResponse, BatchError>>,
@@ -101,8 +103,13 @@ impl Pending {
     }
 }
 
-/// Each input's data type and non-batch dimensions: requests batch only with requests of an equal key.
-type ShapeKey = [(DataType, Vec<usize>)];
+/// What requests must share to share a batch: each input's data type and non-batch dimensions, and which engine
+/// call serves them.
+#[derive(Debug, PartialEq, Eq)]
+struct BatchKey {
+    shapes: Vec<(DataType, Vec<usize>)>,
+    hidden_states: bool,
+}
 
 impl Queue {
     pub(crate) fn new(model: Model, config: &BatchingConfig, workers: usize) -> Self {
@@ -151,12 +158,19 @@ impl Queue {
     /// sequence), and cuts a batch if a worker is idle. Returns where each piece's answer arrives, in order, and
     /// the queue's depth after.
     pub(crate) fn admit(&self, request: InferRequest) -> Result<(Vec<Answer>, usize), BatchError> {
+        if request.hidden_states && !self.model.metadata.text.as_ref().is_some_and(|t| t.hidden_states) {
+            return Err(BatchError::InvalidInput(format!(
+                "model `{}` gives no per-token states: only a text embedding model does",
+                self.model.name
+            )));
+        }
         let pieces = match request.inputs {
             Inputs::Rows(inputs) => self.pieces(inputs)?,
             Inputs::Sequences(sequences) => self.sequences(sequences)?,
         };
         let now = Instant::now();
         let span = request.span;
+        let hidden_states = request.hidden_states;
         let deadline = match (request.deadline, self.timeout.map(|t| now + t)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -175,8 +189,13 @@ impl Queue {
             .into_iter()
             .map(|inputs| {
                 let (reply, answer) = oneshot::channel();
-                let key =
-                    inputs.iter().map(|t| (t.dtype(), t.shape().get(key_from..).unwrap_or(&[]).to_vec())).collect();
+                let key = BatchKey {
+                    shapes: inputs
+                        .iter()
+                        .map(|t| (t.dtype(), t.shape().get(key_from..).unwrap_or(&[]).to_vec()))
+                        .collect(),
+                    hidden_states,
+                };
                 let rows = if model.unbatched { 1 } else { inputs.first().map_or(1, Tensor::rows) };
                 let seq_len = match model.sequences {
                     true => inputs.first().and_then(|t| t.shape().get(1)).copied().unwrap_or(0),
@@ -187,6 +206,7 @@ impl Queue {
                     rows,
                     seq_len,
                     key,
+                    hidden_states,
                     enqueued_at: now,
                     deadline,
                     reply,
@@ -288,13 +308,13 @@ impl Queue {
     /// asked again if nothing else happens.
     fn cut(&self, state: &mut State, now: Instant) -> Option<Instant> {
         while state.ready.len() < state.idle_workers {
-            let candidates: Vec<Candidate<&ShapeKey>> = state
+            let candidates: Vec<Candidate<&BatchKey>> = state
                 .queue
                 .iter()
                 .map(|p| Candidate {
                     rows: p.rows,
                     seq_len: p.seq_len,
-                    key: p.key.as_slice(),
+                    key: &p.key,
                     enqueued_at: p.enqueued_at,
                 })
                 .collect();

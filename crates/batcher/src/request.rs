@@ -33,21 +33,36 @@ pub struct InferRequest {
     /// The request's span (its request id, for one): the worker thread logs what happens to the request in it,
     /// and the span of the batch that runs it follows from it.
     pub span: tracing::Span,
+    /// A text request for each token's final state ([`inferd_core::Engine::run_hidden`]) rather than the model's
+    /// outputs. It batches only with others that want them too, and is answered one FP32 `[1, seq, dim]` output
+    /// per sequence, `seq` being its batch's padded length.
+    pub hidden_states: bool,
 }
 
 impl InferRequest {
     /// A request with no deadline, in the current span.
     pub fn new(inputs: Vec<Tensor>) -> Self {
-        InferRequest { inputs: Inputs::Rows(inputs), deadline: None, span: tracing::Span::current() }
+        InferRequest { inputs: Inputs::Rows(inputs), deadline: None, span: tracing::Span::current(), hidden_states: false }
     }
 
     /// A text model's request of one or more sequences, with no deadline, in the current span.
     pub fn sequences(sequences: Vec<Vec<Tensor>>) -> Self {
-        InferRequest { inputs: Inputs::Sequences(sequences), deadline: None, span: tracing::Span::current() }
+        InferRequest {
+            inputs: Inputs::Sequences(sequences),
+            deadline: None,
+            span: tracing::Span::current(),
+            hidden_states: false,
+        }
     }
 
     pub fn with_deadline(mut self, deadline: Option<Instant>) -> Self {
         self.deadline = deadline;
+        self
+    }
+
+    /// Asks for each token's final state in place of the model's outputs (see [`InferRequest::hidden_states`]).
+    pub fn with_hidden_states(mut self) -> Self {
+        self.hidden_states = true;
         self
     }
 }

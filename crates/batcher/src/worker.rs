@@ -5,7 +5,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
-use inferd_core::{Engine, Tensor};
+use inferd_core::{DataType, Engine, Tensor};
 
 use crate::queue::{drop_dead_requests, Pending, Queue};
 use crate::request::{BatchError, BatchObserver, InferResponse};
@@ -125,12 +125,22 @@ impl Worker {
             let padded = rows * batch.iter().map(|p| p.seq_len).max().unwrap_or(0);
             self.observer.tokens_batched(real, padded);
         }
+        // A batch's requests share their key, and with it which engine call serves them.
+        let hidden = batch.first().is_some_and(|p| p.hidden_states);
+        let engine = self.engine.as_mut();
+        let mut run = |inputs: &[Tensor]| match hidden {
+            false => run_engine(&mut *engine, |e| e.run(inputs)),
+            true => run_engine(&mut *engine, |e| e.run_hidden(inputs).map(|t| vec![t])),
+        };
         let result = match batch {
-            [one] => run_engine(self.engine.as_mut(), &one.inputs),
-            _ => concat_inputs(batch, sequences).and_then(|inputs| run_engine(self.engine.as_mut(), &inputs)),
+            [one] => run(&one.inputs),
+            _ => concat_inputs(batch, sequences).and_then(|inputs| run(&inputs)),
         };
         let compute_time = started.elapsed();
-        let result = result.and_then(|outputs| self.split_outputs(outputs, rows, &counts));
+        let result = result.and_then(|outputs| match hidden {
+            false => self.split_outputs(outputs, rows, &counts),
+            true => split_hidden(outputs, rows, &counts),
+        });
         self.observer.batch_done(rows, compute_time, result.is_ok());
         result
     }
@@ -205,11 +215,29 @@ fn concat_inputs(batch: &[Pending], sequences: bool) -> Result<Vec<Tensor>, Batc
         .collect()
 }
 
-/// Runs the engine. An input the engine refuses as invalid is the client's fault; any other error, or a panic,
-/// is the engine's.
-fn run_engine(engine: &mut dyn Engine, inputs: &[Tensor]) -> Result<Vec<Tensor>, BatchError> {
+/// Checks a hidden-state run's one output, FP32 `[rows, seq, dim]`, and splits it into the requests' rows.
+fn split_hidden(outputs: Vec<Tensor>, rows: usize, counts: &[usize]) -> Result<Vec<Vec<Tensor>>, BatchError> {
+    let [states] = <[Tensor; 1]>::try_from(outputs)
+        .map_err(|o| BatchError::Engine(format!("the engine returned {} hidden-state outputs, expected 1", o.len())))?;
+    if states.dtype() != DataType::Fp32 || states.shape().len() != 3 || states.rows() != rows {
+        return Err(BatchError::Engine(format!(
+            "the engine returned hidden states as {} {:?} for a batch of {rows}; expected FP32 [{rows}, seq, dim]",
+            states.dtype(),
+            states.shape()
+        )));
+    }
+    let pieces = states.split_rows(counts).map_err(|e| BatchError::Engine(e.to_string()))?;
+    Ok(pieces.into_iter().map(|piece| vec![piece]).collect())
+}
+
+/// Runs `call` on the engine. An input the engine refuses as invalid is the client's fault; any other error, or a
+/// panic, is the engine's.
+fn run_engine(
+    engine: &mut dyn Engine,
+    call: impl FnOnce(&mut dyn Engine) -> inferd_core::Result<Vec<Tensor>>,
+) -> Result<Vec<Tensor>, BatchError> {
     let failed = |message: String| BatchError::Engine(message);
-    match catch_unwind(AssertUnwindSafe(|| engine.run(inputs))) {
+    match catch_unwind(AssertUnwindSafe(|| call(engine))) {
         Ok(Ok(outputs)) => Ok(outputs),
         Ok(Err(inferd_core::Error::InvalidInput(m))) => {
             Err(BatchError::InvalidInput(format!("the engine refused the input: {m}")))

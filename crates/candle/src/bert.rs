@@ -120,18 +120,8 @@ impl Bert {
     /// Runs `[rows, seq]` token ids (I64) with their attention mask and segment ids into F32 `[rows, width]`:
     /// pooled states or logits.
     pub(crate) fn forward(&self, ids: &Tensor, mask: &Tensor, types: &Tensor) -> candle_core::Result<Tensor> {
-        let (_, seq) = ids.dims2()?;
-        let first = self.first_position;
-        let positions = Tensor::arange(first, first + seq as u32, ids.device())?;
-        let embedded = (self.words.forward(ids)? + self.token_types.forward(types)?)?
-            .broadcast_add(&self.positions.forward(&positions)?)?;
-        let embedded = self.norm.forward(&embedded)?;
-        let dtype = embedded.dtype();
-        // (1 − mask) × lowest, made in F32 where it is exact, then cast: 0 for a real token, the lowest finite
-        // value of the dtype for padding. Shape [rows, 1, 1, seq] to broadcast over heads and query positions.
         let mask = mask.to_dtype(DType::F32)?;
-        let additive = mask.affine(-self.mask_value, self.mask_value)?.unsqueeze(1)?.unsqueeze(1)?.to_dtype(dtype)?;
-        let hidden = self.encoder.forward(&embedded, &additive)?;
+        let hidden = self.encode(ids, &mask, types)?;
         let first_token = || hidden.narrow(1, 0, 1)?.squeeze(1);
         match &self.head {
             Head::Pool(Pooling::Cls) => first_token()?.to_dtype(DType::F32),
@@ -149,6 +139,26 @@ impl Bert {
                 out_proj.forward(&dense.forward(&first_token()?)?.tanh()?)?.to_dtype(DType::F32)
             }
         }
+    }
+
+    /// Each token's last hidden state, F32 `[rows, seq, hidden]`, as [`Bert::forward`] takes its inputs.
+    pub(crate) fn hidden_states(&self, ids: &Tensor, mask: &Tensor, types: &Tensor) -> candle_core::Result<Tensor> {
+        self.encode(ids, &mask.to_dtype(DType::F32)?, types)?.to_dtype(DType::F32)
+    }
+
+    /// The encoder's last hidden state `[rows, seq, hidden]` in the model's dtype; `mask` is F32.
+    fn encode(&self, ids: &Tensor, mask: &Tensor, types: &Tensor) -> candle_core::Result<Tensor> {
+        let (_, seq) = ids.dims2()?;
+        let first = self.first_position;
+        let positions = Tensor::arange(first, first + seq as u32, ids.device())?;
+        let embedded = (self.words.forward(ids)? + self.token_types.forward(types)?)?
+            .broadcast_add(&self.positions.forward(&positions)?)?;
+        let embedded = self.norm.forward(&embedded)?;
+        let dtype = embedded.dtype();
+        // (1 − mask) × lowest, made in F32 where it is exact, then cast: 0 for a real token, the lowest finite
+        // value of the dtype for padding. Shape [rows, 1, 1, seq] to broadcast over heads and query positions.
+        let additive = mask.affine(-self.mask_value, self.mask_value)?.unsqueeze(1)?.unsqueeze(1)?.to_dtype(dtype)?;
+        self.encoder.forward(&embedded, &additive)
     }
 
     /// Whether the model has one token type (RoBERTa's family): a tokenizer's segment ids are then ignored.

@@ -207,6 +207,7 @@ impl CandleEngine {
                     vec![TensorSpec { name: name.into(), datatype: DataType::Fp32, shape: vec![-1, width as i64] }];
                 let mut info = settings.info(config, width)?;
                 info.vocab_size = Some(vocab);
+                info.hidden_states = !config.task.scores();
                 (Architecture::Bert(Box::new(bert)), inputs, outputs, Some(info))
             }
             _ => {
@@ -346,28 +347,43 @@ impl Engine for CandleEngine {
                 Ok(vec![from_candle(&y, out.datatype)?])
             }
             Architecture::Bert(bert) => {
-                let [ids, mask, types] = inputs else {
-                    return Err(Error::InvalidInput(
-                        "a bert model takes input_ids, attention_mask and token_type_ids".into(),
-                    ));
-                };
-                let vocab = bert.config.vocab_size as i64;
-                let type_vocab = bert.config.type_vocab_size as i64;
-                let ids = token_ids(ids, vocab, INPUT_IDS)?;
-                // A model with one token type takes none from the tokenizer (RoBERTa's marks a pair's second text).
-                let types = match bert.one_token_type() {
-                    true => vec![0; ids.len()],
-                    false => token_ids(types, type_vocab, TOKEN_TYPE_IDS)?,
-                };
-                let shape = inputs[0].shape().to_vec();
-                let tensor = |values: Vec<i64>| {
-                    candle_core::Tensor::from_vec(values, shape.clone(), &self.device).map_err(Error::engine)
-                };
-                let mask = tensor(mask.to_vec::<i64>()?)?;
-                let pooled = bert.forward(&tensor(ids)?, &mask, &tensor(types)?).map_err(Error::engine)?;
+                let [ids, mask, types] = self.token_inputs(bert, inputs)?;
+                let pooled = bert.forward(&ids, &mask, &types).map_err(Error::engine)?;
                 Ok(vec![from_candle(&pooled, DataType::Fp32)?])
             }
         }
+    }
+
+    fn run_hidden(&mut self, inputs: &[Tensor]) -> Result<Tensor> {
+        match &self.model {
+            Architecture::Bert(bert) if self.metadata.text.as_ref().is_some_and(|t| t.hidden_states) => {
+                let [ids, mask, types] = self.token_inputs(bert, inputs)?;
+                let states = bert.hidden_states(&ids, &mask, &types).map_err(Error::engine)?;
+                from_candle(&states, DataType::Fp32)
+            }
+            _ => Err(Error::Unsupported("this model gives no per-token states".into())),
+        }
+    }
+}
+
+impl CandleEngine {
+    /// A bert model's token inputs on its device, the ids checked against its vocabularies.
+    fn token_inputs(&self, bert: &Bert, inputs: &[Tensor]) -> Result<[candle_core::Tensor; 3]> {
+        let [ids, mask, types] = inputs else {
+            return Err(Error::InvalidInput("a bert model takes input_ids, attention_mask and token_type_ids".into()));
+        };
+        let vocab = bert.config.vocab_size as i64;
+        let type_vocab = bert.config.type_vocab_size as i64;
+        let ids = token_ids(ids, vocab, INPUT_IDS)?;
+        // A model with one token type takes none from the tokenizer (RoBERTa's marks a pair's second text).
+        let types = match bert.one_token_type() {
+            true => vec![0; ids.len()],
+            false => token_ids(types, type_vocab, TOKEN_TYPE_IDS)?,
+        };
+        let shape = inputs[0].shape().to_vec();
+        let tensor =
+            |values: Vec<i64>| candle_core::Tensor::from_vec(values, shape.clone(), &self.device).map_err(Error::engine);
+        Ok([tensor(ids)?, tensor(mask.to_vec::<i64>()?)?, tensor(types)?])
     }
 }
 

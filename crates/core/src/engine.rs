@@ -62,4 +62,12 @@ pub trait Engine: Send {
     /// Runs one batch. `inputs` follow `metadata().inputs` in order, share their row count along dim 0, and fit
     /// their specs; the result follows `metadata().outputs`, each with the same row count.
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>>;
+
+    /// Runs one batch of a text model for each token's final state, FP32 `[rows, seq, dim]`, in place of its
+    /// outputs: a padded position's row is whatever the engine left there. Only where [`TextInfo::hidden_states`]
+    /// says so.
+    fn run_hidden(&mut self, inputs: &[Tensor]) -> Result<Tensor> {
+        let _ = inputs;
+        Err(crate::Error::Unsupported("this model gives no per-token states".into()))
+    }
 }

@@ -41,6 +41,9 @@ pub struct TextInfo {
     pub labels: Vec<String>,
     /// A scoring model whose labels are independent (sigmoid per label) rather than exclusive (softmax).
     pub multi_label: bool,
+    /// Whether the engine gives each token's final state ([`crate::Engine::run_hidden`]): what `/embed_all`
+    /// serves. Set by the engine.
+    pub hidden_states: bool,
 }
 
 /// A text model's settings: `model.toml`'s keys first, then the folder's sentence-transformers files
@@ -233,6 +236,7 @@ impl TextSettings {
             vocab_size: self.vocab_size,
             labels,
             multi_label: self.multi_label,
+            hidden_states: false,
         })
     }
 }

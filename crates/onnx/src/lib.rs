@@ -87,6 +87,8 @@ struct TextGraph {
     output: TensorSpec,
     /// Pooled here when the output is a hidden state.
     pooling: Pooling,
+    /// An embedding model's last hidden state `[rows, seq, dim]`, if the graph gives one: what `/embed_all` reads.
+    hidden: Option<TensorSpec>,
     /// The position of `attention_mask` among the inputs.
     mask: usize,
 }
@@ -172,7 +174,9 @@ impl OnnxEngine {
                     datatype: DataType::Fp32,
                     shape: vec![-1, dimensions as i64],
                 }];
-                (Some(settings.info(config, dimensions)?), Some(graph))
+                let mut info = settings.info(config, dimensions)?;
+                info.hidden_states = graph.hidden.is_some();
+                (Some(info), Some(graph))
             }
         };
         Ok(OnnxEngine {
@@ -339,16 +343,17 @@ fn text_graph(
         output.shape.last().and_then(|&d| usize::try_from(d).ok()).ok_or_else(|| {
             bad(format!("output `{}` has no fixed embedding length: {:?}", output.name, output.shape))
         })?;
-    Ok((TextGraph { output: output.clone(), pooling, mask }, dimensions))
+    let hidden = match config.task.scores() {
+        true => None,
+        false => outputs.iter().filter(is_float).find(|s| s.shape.len() == 3).cloned(),
+    };
+    Ok((TextGraph { output: output.clone(), pooling, hidden, mask }, dimensions))
 }
 
 /// A text graph's output as FP32 embeddings `[rows, dim]`, pooled with the attention mask when it is a hidden state.
 fn embeddings(graph: &TextGraph, value: &DynValue, mask: &Tensor) -> Result<Tensor> {
     let out = from_ort(&graph.output, value)?;
-    let values: Vec<f32> = match out.dtype() {
-        DataType::Fp16 => out.to_vec::<half::f16>()?.into_iter().map(f32::from).collect(),
-        _ => out.to_vec::<f32>()?,
-    };
+    let values = f32_values(&out)?;
     match *out.shape() {
         [rows, dim] => Tensor::from_slice(vec![rows, dim], &values),
         [rows, seq, dim] => {
@@ -356,6 +361,14 @@ fn embeddings(graph: &TextGraph, value: &DynValue, mask: &Tensor) -> Result<Tens
             Tensor::from_slice(vec![rows, dim], &pooled)
         }
         ref other => Err(Error::Engine(format!("output `{}` came back as {other:?}", graph.output.name))),
+    }
+}
+
+/// A graph output as FP32 values, whatever float type it came in.
+fn f32_values(t: &Tensor) -> Result<Vec<f32>> {
+    match t.dtype() {
+        DataType::Fp16 => Ok(t.to_vec::<half::f16>()?.into_iter().map(f32::from).collect()),
+        _ => t.to_vec::<f32>(),
     }
 }
 
@@ -411,29 +424,32 @@ impl Engine for OnnxEngine {
     }
 
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-        let values = self
-            .metadata
-            .inputs
-            .iter()
-            .zip(inputs)
-            .map(|(spec, t)| Ok((spec.name.as_str(), SessionInputValue::from(to_ort(t)?))))
-            .collect::<Result<Vec<_>>>()?;
+        let values = session_inputs(&self.metadata.inputs, inputs)?;
         let outputs = self.session.run(values).map_err(run_error)?;
         if let Some(graph) = &self.text {
-            let value = outputs
-                .get(&graph.output.name)
-                .ok_or_else(|| Error::Engine(format!("ONNX Runtime returned no output `{}`", graph.output.name)))?;
+            let value = output_of(&outputs, &graph.output.name)?;
             return Ok(vec![embeddings(graph, value, &inputs[graph.mask])?]);
         }
-        self.metadata
-            .outputs
-            .iter()
-            .map(|spec| {
-                let value = outputs
-                    .get(&spec.name)
-                    .ok_or_else(|| Error::Engine(format!("ONNX Runtime returned no output `{}`", spec.name)))?;
-                from_ort(spec, value)
-            })
-            .collect()
+        self.metadata.outputs.iter().map(|spec| from_ort(spec, output_of(&outputs, &spec.name)?)).collect()
     }
+
+    fn run_hidden(&mut self, inputs: &[Tensor]) -> Result<Tensor> {
+        let Some(spec) = self.text.as_ref().and_then(|g| g.hidden.clone()) else {
+            return Err(Error::Unsupported("this model's graph gives no per-token states".into()));
+        };
+        let values = session_inputs(&self.metadata.inputs, inputs)?;
+        let outputs = self.session.run(values).map_err(run_error)?;
+        let states = from_ort(&spec, output_of(&outputs, &spec.name)?)?;
+        Tensor::from_slice(states.shape().to_vec(), &f32_values(&states)?)
+    }
+}
+
+/// A batch's tensors as the session's inputs, named by `specs`.
+fn session_inputs<'a>(specs: &'a [TensorSpec], inputs: &[Tensor]) -> Result<Vec<(&'a str, SessionInputValue<'a>)>> {
+    specs.iter().zip(inputs).map(|(spec, t)| Ok((spec.name.as_str(), SessionInputValue::from(to_ort(t)?)))).collect()
+}
+
+/// The session's output `name`.
+fn output_of<'o>(outputs: &'o ort::session::SessionOutputs<'_>, name: &str) -> Result<&'o DynValue> {
+    outputs.get(name).ok_or_else(|| Error::Engine(format!("ONNX Runtime returned no output `{name}`")))
 }

@@ -26,9 +26,21 @@ impl Engine for TokenCounter {
         let real: Vec<f32> = mask.to_vec::<i64>()?.chunks(seq).map(|row| row.iter().sum::<i64>() as f32).collect();
         Ok(vec![Tensor::from_slice(vec![rows, 1], &real)?])
     }
+
+    /// Each position's state is its mask: 1 for a real token, 0 for padding.
+    fn run_hidden(&mut self, inputs: &[Tensor]) -> inferd_core::Result<Tensor> {
+        let mask = &inputs[1];
+        let states: Vec<f32> = mask.to_vec::<i64>()?.into_iter().map(|m| m as f32).collect();
+        Tensor::from_slice(vec![mask.shape()[0], mask.shape()[1], 1], &states)
+    }
 }
 
 fn text_batcher(observer: Arc<Observed>) -> Batcher {
+    text_batcher_with(observer, true, &BatchingConfig::default())
+}
+
+/// A [`TokenCounter`]'s batcher; `hidden_states`: whether its metadata says it gives per-token states.
+fn text_batcher_with(observer: Arc<Observed>, hidden_states: bool, config: &BatchingConfig) -> Batcher {
     let spec = |name: &str, datatype, shape: &[i64]| TensorSpec { name: name.into(), datatype, shape: shape.to_vec() };
     let metadata = ModelMetadata {
         inputs: vec![spec("input_ids", DataType::Int64, &[-1, -1]), spec("attention_mask", DataType::Int64, &[-1, -1])],
@@ -45,9 +57,10 @@ fn text_batcher(observer: Arc<Observed>) -> Batcher {
             vocab_size: None,
             labels: Vec::new(),
             multi_label: false,
+            hidden_states,
         }),
     };
-    Batcher::start("tokens", &BatchingConfig::default(), vec![Box::new(TokenCounter { metadata })], observer)
+    Batcher::start("tokens", config, vec![Box::new(TokenCounter { metadata })], observer)
         .expect("threads start")
 }
 
@@ -82,6 +95,30 @@ async fn a_text_request_is_queued_once_and_its_tokens_counted_per_run() {
     assert_eq!(*observed.started.lock().expect("observed"), 2, "each sequence started");
     assert_eq!(observed.batches(), vec![(2, true)]);
     assert_eq!(*observed.tokens.lock().expect("observed"), vec![(7, 8)]);
+}
+
+#[tokio::test]
+async fn hidden_states_come_back_one_per_sequence_and_never_share_a_run_with_outputs() {
+    let observed = Arc::new(Observed::default());
+    // A long queue delay gathers all three sequences: only their keys keep them apart.
+    let gathering = BatchingConfig { max_queue_delay_us: 200_000, ..batched(8) };
+    let batcher = text_batcher_with(observed.clone(), true, &gathering);
+    let hidden = InferRequest::sequences(vec![sequence(&[5, 6, 7]), sequence(&[5, 6, 7, 8])]).with_hidden_states();
+    let plain = InferRequest::sequences(vec![sequence(&[5, 6, 7])]);
+    let (hidden, plain) = tokio::join!(batcher.infer(hidden), batcher.infer(plain));
+    let hidden = hidden.expect("answered");
+    // Padded to the batch's longest, the padding masked: the task cuts each back to its own length.
+    let states: Vec<Vec<f32>> = hidden.outputs.iter().map(|t| t.to_vec::<f32>().expect("fp32")).collect();
+    assert_eq!(hidden.outputs.iter().map(|t| t.shape().to_vec()).collect::<Vec<_>>(), vec![vec![1, 4, 1]; 2]);
+    assert_eq!(states, vec![vec![1.0, 1.0, 1.0, 0.0], vec![1.0; 4]]);
+    assert_eq!(plain.expect("answered").outputs[0].to_vec::<f32>().expect("fp32"), vec![3.0]);
+    let mut runs = observed.batches();
+    runs.sort_unstable();
+    assert_eq!(runs, vec![(1, true), (2, true)], "per-token and pooled sequences run apart");
+
+    let without = text_batcher_with(Arc::new(Observed::default()), false, &BatchingConfig::default());
+    let err = without.infer(InferRequest::sequences(vec![sequence(&[5])]).with_hidden_states()).await;
+    assert!(matches!(&err, Err(BatchError::InvalidInput(m)) if m.contains("per-token")), "{err:?}");
 }
 
 #[tokio::test]

@@ -50,6 +50,54 @@ impl EmbedTask {
     }
 }
 
+impl EmbedTask {
+    /// A request for each token's vector: every sequence's final states, cut back from its batch's padded length
+    /// to its own.
+    fn per_token(
+        &self,
+        sequences: Vec<Vec<Tensor>>,
+        tokens: usize,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Prepared, TaskError> {
+        if !self.front.info.hidden_states {
+            return Err(TaskError::Invalid(
+                "it gives no vector per token: its engine has no per-token states (an ONNX graph needs a \
+                 [batch, sequence, dim] output)"
+                    .into(),
+            ));
+        }
+        let lengths: Vec<usize> =
+            sequences.iter().map(|s| s.first().and_then(|t| t.shape().get(1)).copied().unwrap_or(0)).collect();
+        Ok(Prepared {
+            request: InferRequest::sequences(sequences).with_deadline(deadline).with_hidden_states(),
+            finish: Box::new(move |states| {
+                if states.len() != lengths.len() {
+                    return Err(TaskError::Internal(format!(
+                        "{} per-token answers for {} texts",
+                        states.len(),
+                        lengths.len()
+                    )));
+                }
+                let tensors = states.iter().zip(&lengths).map(|(t, &len)| first_positions(t, len));
+                Ok(Answer { tensors: tensors.collect::<Result<_, _>>()?, tokens })
+            }),
+        })
+    }
+}
+
+/// The first `len` positions of one sequence's states `FP32 [1, seq, dim]`, as `[len, dim]`.
+fn first_positions(states: &Tensor, len: usize) -> Result<Tensor, TaskError> {
+    let internal = |e: inferd_core::Error| TaskError::Internal(e.to_string());
+    let &[1, seq, dim] = states.shape() else {
+        return Err(TaskError::Internal(format!("per-token states came back as {:?}", states.shape())));
+    };
+    if len > seq {
+        return Err(TaskError::Internal(format!("{len} tokens, but states for only {seq}")));
+    }
+    let values = states.to_vec::<f32>().map_err(internal)?;
+    Tensor::from_slice(vec![len, dim], &values[..len * dim]).map_err(internal)
+}
+
 impl Task for EmbedTask {
     fn metadata(&self) -> &ModelMetadata {
         &self.public
@@ -80,6 +128,9 @@ impl Task for EmbedTask {
             )));
         }
         let (sequences, tokens) = self.front.sequences(&input, max_rows, "embed")?;
+        if input.per_token {
+            return self.per_token(sequences, tokens, request.deadline);
+        }
         let normalize = input.normalize.unwrap_or(info.normalize);
         Ok(Prepared {
             request: InferRequest::sequences(sequences).with_deadline(request.deadline),

@@ -42,6 +42,7 @@ fn task(dir: &Path, max_seq_len: usize) -> EmbedTask {
             vocab_size: None,
             labels: Vec::new(),
             multi_label: false,
+            hidden_states: false,
         }),
     };
     EmbedTask::load(&engine).expect("loads")

@@ -60,11 +60,14 @@ pub struct TextInput {
     pub dimensions: Option<usize>,
     /// A scoring model's logits as they are, rather than as probabilities.
     pub raw_scores: bool,
+    /// An embedding model's vector for each token, unpooled and as the encoder left it, rather than one per text:
+    /// the answer is one FP32 `[tokens, dim]` tensor per text, special tokens included.
+    pub per_token: bool,
 }
 
 impl TextInput {
     pub fn new(texts: Texts) -> Self {
-        TextInput { texts, truncate: true, normalize: None, dimensions: None, raw_scores: false }
+        TextInput { texts, truncate: true, normalize: None, dimensions: None, raw_scores: false, per_token: false }
     }
 }
 
@@ -107,7 +110,7 @@ pub struct Token {
 /// A model's answer to one request.
 #[derive(Debug)]
 pub struct Answer {
-    /// In the order of the task's [`Task::metadata`] outputs.
+    /// In the order of the task's [`Task::metadata`] outputs; for [`TextInput::per_token`], one per text.
     pub tensors: Vec<Tensor>,
     /// Text models: the tokens the request took, special tokens included; 0 otherwise.
     pub tokens: usize,

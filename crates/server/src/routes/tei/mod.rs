@@ -1,7 +1,7 @@
-//! text-embeddings-inference's (TEI's) API, so its clients (`tei-client`, `huggingface_hub`) work unchanged: `/embed`
-//! here; `/rerank` and `/predict` with `inputs` in [`score`]; `/tokenize` and `/decode` in [`tokens`]; `/info` and
-//! `POST /` in [`info`]. Each route serves its task's default model, and the same under `/models/{model}/…` serves
-//! the named one. Errors come as `{"error", "error_type"}`.
+//! text-embeddings-inference's (TEI's) API, so its clients (`tei-client`, `huggingface_hub`) work unchanged:
+//! `/embed`, `/embed_all` and `/similarity` here; `/rerank` and `/predict` with `inputs` in [`score`]; `/tokenize`
+//! and `/decode` in [`tokens`]; `/info` and `POST /` in [`info`]. Each route serves its task's default model, and
+//! the same under `/models/{model}/…` serves the named one. Errors come as `{"error", "error_type"}`.
 
 pub mod info;
 pub mod score;
@@ -27,14 +27,14 @@ use crate::ops::infer::{decode, encode, infer, Served};
 use crate::request::{InflightHold, RoutedModel};
 use crate::state::AppState;
 
-/// `/embed`, which serves the default embedding model.
+/// `/embed` and `/embed_all`, which serve the default embedding model.
 pub fn default_route() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(embed_default))
+    OpenApiRouter::new().routes(routes!(embed_default)).routes(routes!(embed_all_default))
 }
 
-/// `/models/{model}/embed`.
+/// `/models/{model}/embed` and `/models/{model}/embed_all`.
 pub fn named_route() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(embed_named))
+    OpenApiRouter::new().routes(routes!(embed_named)).routes(routes!(embed_all_named))
 }
 
 /// Runs a TEI `what` request (`embed`) whose JSON body is a `B` on `model`: `build` makes the request (and what
@@ -170,6 +170,72 @@ pub(super) async fn embed(
     serve_json(&state, &model, &hold, "embed", body, build, |served, ()| {
         let embeddings = served.answer.tensors.first().ok_or_else(|| CodecError::Encode("no embeddings".into()))?;
         json_body(&crate::codec::json::NestedJson(embeddings))
+    })
+    .await
+}
+
+/// A TEI embed_all request: each token's vector.
+#[derive(Deserialize, utoipa::ToSchema)]
+pub struct EmbedAllRequest {
+    /// One text, several, or token ids as lists of integers.
+    inputs: TextsInput,
+    /// Cut texts longer than the model takes (default true); `false` refuses them with a 400.
+    #[serde(default)]
+    truncate: Option<bool>,
+}
+
+/// Each token's vector, special tokens included, for the default embedding model.
+#[utoipa::path(post, path = "/embed_all", tag = "embeddings", request_body = EmbedAllRequest,
+    responses((status = 200, description = "For each input, a vector per token", body = Vec<Vec<Vec<f32>>>),
+        (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 404, body = TeiError), (status = 413, body = TeiError),
+        (status = 429, body = TeiError), (status = 503, body = TeiError)),
+    security(("api_key" = [])))]
+async fn embed_all_default(
+    state: State<AppState>,
+    model: Result<RoutedModel, AppError>,
+    hold: InflightHold,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, TeiFailure> {
+    embed_all(state, model, hold, body).await
+}
+
+/// Each token's vector, special tokens included, for the named model.
+#[utoipa::path(post, path = "/models/{model}/embed_all", tag = "embeddings", request_body = EmbedAllRequest,
+    params(("model" = String, Path, description = "The model")),
+    responses((status = 200, description = "For each input, a vector per token", body = Vec<Vec<Vec<f32>>>),
+        (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 404, body = TeiError), (status = 413, body = TeiError),
+        (status = 429, body = TeiError), (status = 503, body = TeiError)),
+    security(("api_key" = [])))]
+async fn embed_all_named(
+    state: State<AppState>,
+    model: Result<RoutedModel, AppError>,
+    hold: InflightHold,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, TeiFailure> {
+    embed_all(state, model, hold, body).await
+}
+
+/// The encoder's last hidden state, unpooled and unnormalised, as TEI's `/embed_all` gives it (its clients' own
+/// `normalize` is not read, as TEI does not).
+async fn embed_all(
+    State(state): State<AppState>,
+    model: Result<RoutedModel, AppError>,
+    InflightHold(hold): InflightHold,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, TeiFailure> {
+    let model = model?.serving(state.registry())?;
+    let body = body.map_err(body_error)?;
+    let build = |request: EmbedAllRequest| {
+        let input = TextInput {
+            truncate: request.truncate.unwrap_or(true),
+            per_token: true,
+            ..TextInput::new(request.inputs.into())
+        };
+        Ok((Request::new(Input::Text(input)), ()))
+    };
+    serve_json(&state, &model, &hold, "embed_all", body, build, |served, ()| {
+        let texts: Vec<_> = served.answer.tensors.iter().map(crate::codec::json::NestedJson).collect();
+        json_body(&texts)
     })
     .await
 }
