@@ -16,7 +16,12 @@ Writes, under OUT:
                        `attention_mask` INT64 [batch, sequence] -> `logits` FP32 [batch, 1]; plus copies of the
                        reranker's config and tokenizer files so the folder stands alone
 
-Run: python3 models/make_text_heads.py OUT     (needs numpy, onnx, safetensors: benches/python/requirements-models.txt)
+With --bench, writes only OUT/reranker-bench/: the same reranker ONNX graph and files at the size of the
+cross-encoders people deploy (ms-marco-MiniLM-L-6-v2's shapes: 6 layers, hidden 384, 12 heads), so that the
+reranking benchmark (benches/compare-rerank.sh) measures a realistic share of compute against serving overhead.
+
+Run: python3 models/make_text_heads.py [--bench] OUT
+     (needs numpy, onnx, safetensors: benches/python/requirements-models.txt)
 """
 
 import json
@@ -63,6 +68,10 @@ RERANKER = {
     "model_type": "xlm-roberta",
     "type_vocab_size": 1,
 }
+
+# The benchmark's reranker: ms-marco-MiniLM-L-6-v2's shapes with the reranker's family and head.
+BENCH_RERANKER = {**RERANKER, "hidden_size": 384, "intermediate_size": 1536, "num_attention_heads": 12,
+                  "num_hidden_layers": 6}
 
 CLASSIFIER = {
     **COMMON,
@@ -127,14 +136,14 @@ class Weights(dict):
             self.layer_norm(p + "output.LayerNorm", hidden)
 
 
-def reranker_weights():
+def reranker_weights(config=RERANKER):
     w = Weights(RERANKER_SEED)
-    w.encoder("roberta.", RERANKER)
+    w.encoder("roberta.", config)
     # RobertaClassificationHead on the first token: dense (tanh), then out_proj. The larger out_proj gain spreads
     # the scores over a few units, as a trained reranker's are.
-    hidden = RERANKER["hidden_size"]
+    hidden = config["hidden_size"]
     w.linear("classifier.dense", hidden, hidden)
-    w.linear("classifier.out_proj", len(RERANKER["id2label"]), hidden, gain=4.0)
+    w.linear("classifier.out_proj", len(config["id2label"]), hidden, gain=4.0)
     return w
 
 
@@ -156,7 +165,8 @@ def write_json(path, value):
 def write_folder(folder, config, weights, tokenizer):
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / "config.json", config)
-    save_file(weights, str(folder / "model.safetensors"))
+    if weights is not None:
+        save_file(weights, str(folder / "model.safetensors"))
     # The server pads and truncates itself; a tokenizer.json that did either would change what it is given.
     # Compact, key order kept, like the tokenizer.json it comes from.
     tokenizer = {**tokenizer, "padding": None, "truncation": None}
@@ -194,13 +204,12 @@ class Graph:
         return self.op("LayerNormalization", x, name + ".weight", name + ".bias", axis=-1, epsilon=eps)
 
 
-def reranker_onnx(w):
-    """The reranker as an opset-17 graph of standard ops, batched with right padding.
+def reranker_onnx(w, c=RERANKER):
+    """The reranker of config `c` as an opset-17 graph of standard ops, batched with right padding.
 
     Padding never changes a row's result: padded keys get -10000 added to their attention scores (exp() of that
     is exactly 0 in float32), and positions depend only on the index, so a real token's position is the same
     however long the batch is. A padded position's own state is computed but never read."""
-    c = RERANKER
     heads, hidden = c["num_attention_heads"], c["hidden_size"]
     eps, first_position = c["layer_norm_eps"], c["pad_token_id"] + 1
     g = Graph(w)
@@ -260,13 +269,25 @@ def reranker_onnx(w):
     return model
 
 
+def write_onnx_folder(folder, config, weights, tokenizer):
+    """A reranker's ONNX graph with its config and tokenizer files, standing alone."""
+    write_folder(folder, config, None, tokenizer)
+    onnx.save(reranker_onnx(weights, config), str(folder / "model.onnx"))
+
+
 def main():
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    bench = args[:1] == ["--bench"]
+    if len(args) != 1 + bench:
         sys.exit(__doc__)
-    out = pathlib.Path(sys.argv[1])
+    out = pathlib.Path(args[-1])
     tokenizer = json.loads(TOKENIZER.read_text(encoding="utf-8"))
 
     reranker_tokenizer = {**tokenizer, "post_processor": ROBERTA_PROCESSING}
+    if bench:
+        write_onnx_folder(out / "reranker-bench", BENCH_RERANKER, reranker_weights(BENCH_RERANKER),
+                          reranker_tokenizer)
+        return
     rerank = reranker_weights()
     write_folder(out / "reranker", RERANKER, rerank, reranker_tokenizer)
     write_folder(out / "classifier", CLASSIFIER, classifier_weights(), tokenizer)

@@ -19,6 +19,8 @@ pub enum Protocol {
     V2Binary,
     /// `POST /models/{model}/embed` (TEI's API) with sentences from a fixed set of mixed lengths.
     Embed,
+    /// `POST /models/{model}/rerank` (TEI's API): a short query and `--rows` passages from the same set.
+    Rerank,
 }
 
 impl Protocol {
@@ -27,6 +29,7 @@ impl Protocol {
             Protocol::Predict => format!("/models/{model}/predict"),
             Protocol::V2Json | Protocol::V2Binary => format!("/v2/models/{model}/infer"),
             Protocol::Embed => format!("/models/{model}/embed"),
+            Protocol::Rerank => format!("/models/{model}/rerank"),
         }
     }
 }
@@ -151,7 +154,7 @@ pub fn generate(
                 tensors.push((input, datatype, shape, values(datatype, count, &mut rng)?));
             }
             Ok(match protocol {
-                Protocol::Embed => bail!("text bodies come from texts::bodies"),
+                Protocol::Embed | Protocol::Rerank => bail!("text bodies come from texts::bodies"),
                 Protocol::Predict => {
                     let body = if let [(_, _, shape, v)] = tensors.as_slice() {
                         json!({ "input": nest(&v.json, shape) })

@@ -75,12 +75,27 @@ pub fn run(run: &EngineRun<'_>) -> anyhow::Result<Vec<EngineReport>> {
     Ok(reports)
 }
 
-/// The text benchmark's sentences, tokenized as the server does (its embed task): for each, its token inputs
-/// `[1, len]`.
+/// Passages per query of the reranking benchmark's pairs, as the HTTP run sends them.
+const RERANK_PASSAGES: usize = 20;
+
+/// The text benchmark's sentences (a reranker: the reranking benchmark's query and passage pairs), tokenized as the
+/// server does (the model's task): for each, its token inputs `[1, len]`.
 fn tokenize(config: &ModelConfig, metadata: &ModelMetadata) -> anyhow::Result<Vec<Vec<Tensor>>> {
+    use crate::texts::{rerank_request, SENTENCES};
     let task = inferd_models::task::for_model(config, metadata)?;
-    let texts = crate::texts::SENTENCES.iter().map(|s| (*s).to_owned()).collect();
-    let request = Request::new(Input::Text(TextInput::new(Texts::Strings(texts))));
+    let input = match config.task {
+        inferd_core::Task::Rerank => {
+            let pairs = (0..SENTENCES.len())
+                .flat_map(|b| {
+                    let (query, passages) = rerank_request(b, RERANK_PASSAGES);
+                    passages.into_iter().map(move |p| (query.to_owned(), p.to_owned()))
+                })
+                .collect();
+            Input::Score(TextInput::new(Texts::Pairs(pairs)))
+        }
+        _ => Input::Text(TextInput::new(Texts::Strings(SENTENCES.iter().map(|s| (*s).to_owned()).collect()))),
+    };
+    let request = Request::new(input);
     let prepared = task.prepare(request, usize::MAX).map_err(|e| anyhow::anyhow!("{e}"))?;
     prepared.into_sequences().ok_or_else(|| anyhow::anyhow!("a text model's request holds sequences"))
 }

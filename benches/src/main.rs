@@ -67,7 +67,7 @@ struct HttpArgs {
     model: String,
     #[arg(long, value_enum, default_value_t = Protocol::Predict)]
     protocol: Protocol,
-    /// Rows per request (sentences, with `--protocol embed`).
+    /// Rows per request (sentences with `--protocol embed`, passages with `--protocol rerank`).
     #[arg(long, default_value_t = 1)]
     rows: usize,
     /// Closed loop: this many clients, each sending its next request when the last is answered.
@@ -104,8 +104,9 @@ struct EngineArgs {
     /// A model folder (with its model.toml).
     #[arg(long)]
     model_dir: PathBuf,
-    /// Batch sizes to run (comma-separated). A text model runs the text benchmark's sentences, each batch padded
-    /// to its longest, and reports the padding waste.
+    /// Batch sizes to run (comma-separated). A text model runs the text benchmark's sentences (a reranker: the
+    /// reranking benchmark's query and passage pairs), each batch padded to its longest, and reports the padding
+    /// waste.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
     batch_sizes: Vec<usize>,
     #[arg(long, default_value = ".cache/onnxruntime/libonnxruntime.so.1.31.1")]
@@ -158,6 +159,7 @@ async fn http(args: HttpArgs) -> anyhow::Result<()> {
             header_length: None,
         }],
         None if args.protocol == Protocol::Embed => texts::bodies(args.rows, texts::SENTENCES.len())?,
+        None if args.protocol == Protocol::Rerank => texts::rerank_bodies(args.rows, texts::SENTENCES.len())?,
         None => {
             let client = load::client(1)?;
             let mut request = client.get(format!("{base}/v2/models/{}", args.model));

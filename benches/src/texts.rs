@@ -1,5 +1,5 @@
-//! The text benchmark's fixed set of sentences, from one word to a paragraph (3 to about 120 tokens), and its
-//! request bodies.
+//! The text benchmarks' fixed set of sentences, from one word to a paragraph (3 to about 120 tokens), and their
+//! request bodies: sentences to embed, and queries with passages to rerank.
 
 use bytes::Bytes;
 use serde_json::json;
@@ -46,6 +46,30 @@ pub fn bodies(rows: usize, count: usize) -> anyhow::Result<Vec<Body>> {
         .map(|b| {
             let texts: Vec<&str> = (0..rows).map(|i| SENTENCES[(b * rows + i) % SENTENCES.len()]).collect();
             Ok(Body { bytes: Bytes::from(serde_json::to_vec(&json!({ "inputs": texts }))?), header_length: None })
+        })
+        .collect()
+}
+
+/// The reranking benchmark's queries: the set's short sentences, as a search box sends them.
+fn queries() -> Vec<&'static str> {
+    SENTENCES.iter().copied().filter(|s| s.chars().count() <= 60).collect()
+}
+
+/// Request `b` of the reranking benchmark: a query and `passages` passages, both going round their sets so that
+/// consecutive requests differ.
+pub fn rerank_request(b: usize, passages: usize) -> (&'static str, Vec<&'static str>) {
+    let queries = queries();
+    let query = queries[b % queries.len()];
+    (query, (0..passages).map(|i| SENTENCES[(b * passages + i) % SENTENCES.len()]).collect())
+}
+
+/// `count` TEI `/rerank` bodies of a query and `passages` passages each, asking for the sigmoid scores.
+pub fn rerank_bodies(passages: usize, count: usize) -> anyhow::Result<Vec<Body>> {
+    (0..count)
+        .map(|b| {
+            let (query, texts) = rerank_request(b, passages);
+            let body = json!({ "query": query, "texts": texts, "raw_scores": false });
+            Ok(Body { bytes: Bytes::from(serde_json::to_vec(&body)?), header_length: None })
         })
         .collect()
 }
