@@ -16,6 +16,7 @@ import pytest
 import tritonclient.http as httpclient
 from huggingface_hub import InferenceClient
 from tei_client import HttpClient
+from tei_client.models import TruncationDirection
 from tokenizers import Tokenizer
 
 from conftest import ROOT, start_inferd
@@ -56,9 +57,10 @@ def post(url, body, headers=None):
 
 
 def tokenizer_of(folder):
-    """The folder's tokenizer, unpadded (a hub tokenizer.json may pad to a fixed length)."""
+    """The folder's tokenizer, neither padding nor truncating (a hub tokenizer.json may do either)."""
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.no_padding()
+    tokenizer.no_truncation()
     return tokenizer
 
 
@@ -179,6 +181,27 @@ def test_tei_client_embed_all_gives_each_tokens_state(server):
     assert np.max(np.abs(np.asarray(states[0]).mean(0) - pooled[0])) < 1e-5
 
 
+def test_truncation_direction_cuts_the_start_or_the_end(server):
+    """A text past MiniLM's 256 tokens, cut at its start (`Left`, as tei-client sends it; `left`, as huggingface_hub
+    does) gives the embedding of its last 254 tokens between [CLS] and [SEP]; cut at its end, of its first."""
+    text = " ".join(f"word{i}" for i in range(400))
+    tokenizer = tokenizer_of(MODELS / "minilm")
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    assert len(ids) > 300
+    status, kept = post(f"http://{server}/models/minilm/embed", {"inputs": [[101, *ids[:254], 102],
+                                                                            [101, *ids[-254:], 102]]})
+    assert status == 200, kept
+    embedder = HttpClient(f"http://{server}/models/minilm")
+    right = embedder.embed(text, truncate=True)
+    left = embedder.embed(text, truncate=True, truncation_direction=TruncationDirection.Left)
+    assert np.max(np.abs(np.asarray(right[0]) - kept[0])) < 1e-5
+    assert np.max(np.abs(np.asarray(left[0]) - kept[1])) < 1e-5
+    status, lower = post(f"http://{server}/embed", {"inputs": text, "truncation_direction": "left"})
+    assert status == 200 and np.max(np.abs(np.asarray(lower[0]) - kept[1])) < 1e-5
+    status, error = post(f"http://{server}/embed", {"inputs": text, "truncation_direction": "middle"})
+    assert status == 400 and "unknown variant `middle`" in error["error"], error
+
+
 def test_huggingface_hub_inference_client_works_unchanged(server):
     embedder = InferenceClient(base_url=f"http://{server}/models/minilm")
     vector = embedder.feature_extraction("dynamic batching")
@@ -261,6 +284,6 @@ def test_bad_input_gets_a_clear_error_in_tei_shape(server, route, body, status, 
 
 def test_cohere_and_jina_errors_carry_message_and_detail(server):
     code, answer = post(f"http://{server}/v1/rerank", {"query": "q", "documents": []})
-    assert code == 400 and "`texts` is empty" in answer["message"] and answer["detail"] == answer["message"]
+    assert code == 400 and "`documents` is empty" in answer["message"] and answer["detail"] == answer["message"]
     code, answer = post(f"http://{server}/v1/rerank", {"query": "q", "documents": [{"title": "t"}]})
     assert code == 400 and "rank_fields" in answer["detail"], answer

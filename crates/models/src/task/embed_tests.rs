@@ -92,6 +92,18 @@ fn long_texts_are_cut_unless_the_request_refuses_truncation() {
 }
 
 #[test]
+fn truncating_on_the_left_keeps_a_texts_end_and_its_special_tokens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let task = task(dir.path(), 4);
+    let left = |texts: Texts| {
+        let input = TextInput { truncate_left: true, ..TextInput::new(texts) };
+        task.prepare(Request::new(Input::Text(input)), 8).expect("cut").into_sequences().expect("sequences")
+    };
+    assert_eq!(ids(&left(Texts::Strings(vec!["dynamic batching is fast".into()]))[0]), [2, 6, 7, 3]);
+    assert_eq!(ids(&left(Texts::Ids(vec![vec![4, 5, 6, 7, 4]]))[0]), [5, 6, 7, 4]);
+}
+
+#[test]
 fn bad_texts_and_ids_are_the_clients_fault_and_too_many_are_over_the_limit() {
     let dir = tempfile::tempdir().expect("tempdir");
     let task = task(dir.path(), 16);

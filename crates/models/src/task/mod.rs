@@ -54,6 +54,8 @@ pub struct TextInput {
     pub texts: Texts,
     /// Cut texts longer than the model takes (`false`: refuse them).
     pub truncate: bool,
+    /// Cut a long text's start rather than its end (a pair: still the second text first).
+    pub truncate_left: bool,
     /// Unit-length embeddings; `None`: as the model says.
     pub normalize: Option<bool>,
     /// The embedding's length the client asked for; `None`: the model's own.
@@ -67,7 +69,15 @@ pub struct TextInput {
 
 impl TextInput {
     pub fn new(texts: Texts) -> Self {
-        TextInput { texts, truncate: true, normalize: None, dimensions: None, raw_scores: false, per_token: false }
+        TextInput {
+            texts,
+            truncate: true,
+            truncate_left: false,
+            normalize: None,
+            dimensions: None,
+            raw_scores: false,
+            per_token: false,
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 
 use inferd_core::text::{TextInfo, ATTENTION_MASK, INPUT_IDS};
 use inferd_core::{ModelMetadata, Tensor};
-use tokenizers::{EncodeInput, Encoding, Tokenizer, TruncationParams, TruncationStrategy};
+use tokenizers::{EncodeInput, Encoding, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
 use super::{TaskError, TextInput, Texts, Token};
 
@@ -12,10 +12,11 @@ use super::{TaskError, TextInput, Texts, Token};
 pub(super) struct TextFront {
     /// Neither pads nor truncates: the batcher pads, and truncation is asked per request.
     tokenizer: Tokenizer,
-    /// Truncates at `max_seq_len`, the longer text of a pair first.
-    truncating: Tokenizer,
-    /// Truncates a pair's second text (the passage) alone, so the query stays whole where it can.
-    truncating_second: Tokenizer,
+    /// Truncates at `max_seq_len`, the longer text of a pair first: cutting the end, then the start.
+    truncating: [Tokenizer; 2],
+    /// Truncates a pair's second text (the passage) alone, so the query stays whole where it can: cutting the end,
+    /// then the start.
+    truncating_second: [Tokenizer; 2],
     pub(super) info: TextInfo,
     vocab_size: usize,
     /// The engine's token inputs, in its order.
@@ -33,18 +34,25 @@ impl TextFront {
         // A hub tokenizer.json may pad to a fixed length and truncate at its own: both are inferd's to decide.
         tokenizer.with_padding(None);
         tokenizer.with_truncation(None).map_err(failed)?;
-        let truncating_at = |strategy| {
+        let truncating_at = |strategy, direction| {
             let mut t = tokenizer.clone();
             t.with_truncation(Some(TruncationParams {
                 max_length: info.max_seq_len,
                 strategy,
+                direction,
                 ..TruncationParams::default()
             }))
             .map_err(failed)?;
             anyhow::Ok(t)
         };
-        let truncating = truncating_at(TruncationStrategy::LongestFirst)?;
-        let truncating_second = truncating_at(TruncationStrategy::OnlySecond)?;
+        let both = |strategy| {
+            anyhow::Ok([
+                truncating_at(strategy, TruncationDirection::Right)?,
+                truncating_at(strategy, TruncationDirection::Left)?,
+            ])
+        };
+        let truncating = both(TruncationStrategy::LongestFirst)?;
+        let truncating_second = both(TruncationStrategy::OnlySecond)?;
         let vocab_size = info.vocab_size.unwrap_or_else(|| tokenizer.get_vocab_size(true));
         Ok(TextFront {
             tokenizer,
@@ -86,7 +94,7 @@ impl TextFront {
                     if text.is_empty() {
                         return Err(TaskError::Invalid(format!("text {i} is empty: there is nothing to {what}")));
                     }
-                    let encoding = self.encode(text.as_str().into(), input.truncate, i)?;
+                    let encoding = self.encode(text.as_str().into(), input, i)?;
                     push(encoding.get_ids(), encoding.get_type_ids())?;
                 }
             }
@@ -96,7 +104,7 @@ impl TextFront {
                         let which = if first.is_empty() { "first" } else { "second" };
                         return Err(TaskError::Invalid(format!("pair {i}: its {which} text is empty")));
                     }
-                    let encoding = self.encode((first.as_str(), second.as_str()).into(), input.truncate, i)?;
+                    let encoding = self.encode((first.as_str(), second.as_str()).into(), input, i)?;
                     push(encoding.get_ids(), encoding.get_type_ids())?;
                 }
             }
@@ -107,7 +115,11 @@ impl TextFront {
                         return Err(TaskError::Invalid(format!("token list {i} is empty: there is nothing to {what}")));
                     }
                     self.check_ids(ids, &format!("token list {i}"))?;
-                    let ids = if ids.len() > max && input.truncate { &ids[..max] } else { &ids[..] };
+                    let ids = match (ids.len() > max && input.truncate, input.truncate_left) {
+                        (true, false) => &ids[..max],
+                        (true, true) => &ids[ids.len() - max..],
+                        (false, _) => &ids[..],
+                    };
                     if ids.len() > max {
                         return Err(TaskError::Invalid(format!(
                             "token list {i} is {} tokens long; this model takes at most {max}",
@@ -121,18 +133,18 @@ impl TextFront {
         Ok((sequences, tokens))
     }
 
-    /// Tokenizes text (or pair) `i`, truncated at the model's length when `truncate`; refused when longer.
-    fn encode(&self, input: EncodeInput<'_>, truncate: bool, i: usize) -> Result<Encoding, TaskError> {
+    /// Tokenizes text (or pair) `i`, truncated at the model's length as `how` asks; refused when longer.
+    fn encode(&self, input: EncodeInput<'_>, how: &TextInput, i: usize) -> Result<Encoding, TaskError> {
         let pair = matches!(input, EncodeInput::Dual(..));
         let invalid = |e: tokenizers::Error| TaskError::Invalid(format!("text {i} cannot be tokenized: {e}"));
-        let encoding = match (truncate, pair) {
+        let side = usize::from(how.truncate_left);
+        let encoding = match (how.truncate, pair) {
             (false, _) => self.tokenizer.encode_fast(input, true),
-            (true, false) => self.truncating.encode_fast(input, true),
+            (true, false) => self.truncating[side].encode_fast(input, true),
             // Cut the passage; where the query alone is too long, cut the longer of the two.
-            (true, true) => self
-                .truncating_second
+            (true, true) => self.truncating_second[side]
                 .encode_fast(input.clone(), true)
-                .or_else(|_| self.truncating.encode_fast(input, true)),
+                .or_else(|_| self.truncating[side].encode_fast(input, true)),
         }
         .map_err(invalid)?;
         let (len, max) = (encoding.get_ids().len(), self.info.max_seq_len);

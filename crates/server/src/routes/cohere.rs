@@ -9,11 +9,12 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use inferd_models::{Input, Request, TextInput};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::tei::score::{ranked, rerank_request};
+use super::tei::score::{ranked, rerank_pairs};
 use crate::codec::{quoted, CodecError};
 use crate::error::{body_error, AppError};
 use crate::ops::infer::{encode, infer, off_runtime_if};
@@ -154,8 +155,8 @@ async fn rerank(
             .enumerate()
             .map(|(i, d)| document_text(d, &fields, i))
             .collect::<Result<Vec<_>, _>>()?;
-        let infer_request = rerank_request(&request.query, &texts, Some(true), false)
-            .map_err(|e| AppError::from(e).in_model(model.name()))?;
+        let pairs = rerank_pairs(&request.query, &texts, "documents").map_err(|e| AppError::from(e).in_model(model.name()))?;
+        let infer_request = Request::new(Input::Score(TextInput::new(pairs)));
         let served = infer(&state, &model, infer_request, &hold).await?;
         let headers = served.headers();
         let name = model.name().to_owned();

@@ -104,37 +104,68 @@ async fn predict(
 }
 
 /// Whether a `/predict` body is TEI's: its `inputs` is a text or a list, where the seed's is an object of named
-/// tensors. Scans the body without keeping any of it.
+/// tensors, or its `input` anything. Reads only up to the start of the first `input` or `inputs` value, so a large
+/// seed body is not parsed twice (its full decode runs off the async runtime; this runs on it).
 fn is_tei(body: &[u8]) -> bool {
-    struct Kind(bool);
-    impl<'de> serde::Deserialize<'de> for Kind {
-        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            struct Visit;
-            impl<'de> serde::de::Visitor<'de> for Visit {
-                type Value = Kind;
-                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                    f.write_str("any value")
-                }
-                fn visit_str<E>(self, _: &str) -> Result<Kind, E> {
-                    Ok(Kind(true))
-                }
-                fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Kind, A::Error> {
-                    while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-                    Ok(Kind(true))
-                }
-                fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Kind, A::Error> {
-                    while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
-                    Ok(Kind(false))
-                }
-            }
-            d.deserialize_any(Visit)
+    use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, Visitor};
+    use std::cell::Cell;
+
+    /// Decides at the first value it sees, then stops the parse with an error: what follows is never read.
+    struct Verdict<'a>(&'a Cell<Option<bool>>);
+    impl<'de> DeserializeSeed<'de> for Verdict<'_> {
+        type Value = ();
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
         }
     }
-    #[derive(serde::Deserialize)]
-    struct Probe {
-        inputs: Option<Kind>,
+    impl<'de> Visitor<'de> for Verdict<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a /predict body")
+        }
+        // A top-level object: its keys, until `input` or `inputs`.
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                match key.as_ref() {
+                    "inputs" => return map.next_value_seed(Inputs(self.0)),
+                    "input" => break,
+                    _ => map.next_value::<IgnoredAny>().map(drop)?,
+                }
+            }
+            self.0.set(Some(false));
+            Err(A::Error::custom("decided"))
+        }
     }
-    serde_json::from_slice::<Probe>(body).is_ok_and(|p| p.inputs.is_some_and(|k| k.0))
+    /// `inputs`' value: TEI's is a text or a list. Told by its first character; the rest is not read.
+    struct Inputs<'a>(&'a Cell<Option<bool>>);
+    impl<'de> DeserializeSeed<'de> for Inputs<'_> {
+        type Value = ();
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)?;
+            Err(D::Error::custom("decided"))
+        }
+    }
+    impl<'de> Visitor<'de> for Inputs<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any value")
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            self.0.set(Some(true));
+            Ok(())
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+            self.0.set(Some(true));
+            Ok(())
+        }
+        fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+            self.0.set(Some(false));
+            Ok(())
+        }
+    }
+    let verdict = Cell::new(None);
+    let _ = Verdict(&verdict).deserialize(&mut serde_json::Deserializer::from_slice(body));
+    verdict.get().unwrap_or(false)
 }
 
 /// TEI's `/predict`: the route's model when it names one, else the default classifier.
@@ -165,4 +196,40 @@ fn queue_deadline(headers: &HeaderMap) -> Result<Option<Instant>, AppError> {
         .and_then(|s| s.trim().parse().ok())
         .ok_or_else(|| AppError::bad_request(format!("{TIMEOUT_HEADER} must be a whole number of milliseconds")))?;
     Ok(deadline_in(std::time::Duration::from_millis(ms)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_tei;
+
+    #[test]
+    fn tei_bodies_are_told_from_the_seeds_by_their_inputs() {
+        for tei in [
+            r#"{"inputs": "a text"}"#,
+            r#"{"truncate": true, "raw_scores": null, "inputs": ["a", "b"]}"#,
+            r#"{"inputs": [["a"], ["b", "c"]], "raw_scores": false}"#,
+            r#"{"inputs": "escaped \" quote"}"#,
+        ] {
+            assert!(is_tei(tei.as_bytes()), "{tei}");
+        }
+        for seed in [
+            r#"{"input": [[1.0, 2.0]]}"#,
+            r#"{"inputs": {"x": [[1.0]]}}"#,
+            r#"{"id": "r1", "inputs": {"x": [1.0]}}"#,
+            r#"{"input": [1.0], "inputs": "never read"}"#,
+            r#"{"inputs": 3}"#,
+            r#"[1, 2]"#,
+            r#"{"inputs": "#,
+            "",
+        ] {
+            assert!(!is_tei(seed.as_bytes()), "{seed}");
+        }
+    }
+
+    #[test]
+    fn a_seed_body_is_read_only_up_to_its_input() {
+        // What follows the decision is never parsed: invalid JSON there does not change it.
+        assert!(!is_tei(br#"{"input": [[1.0, 2.0]] !!! not json"#));
+        assert!(is_tei(br#"{"inputs": ["a", !!! not json"#));
+    }
 }

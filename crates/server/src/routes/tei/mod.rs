@@ -3,6 +3,47 @@
 //! and `/decode` in [`tokens`]; `/info` and `POST /` in [`info`]. Each route serves its task's default model, and
 //! the same under `/models/{model}/…` serves the named one. Errors come as `{"error", "error_type"}`.
 
+/// One of TEI's inference routes, twice: `$default` at `$path` serves its task's default model, `$named` at
+/// `$named_path` the named one. Both run `$serve(state, model, hold, body)` and are documented alike in the OpenAPI
+/// document, the named one with its `model` parameter.
+macro_rules! tei_routes {
+    (
+        $default:ident at $path:tt, $named:ident at $named_path:tt => $serve:path;
+        docs $default_doc:tt $named_doc:tt; tag $tag:tt; body $request:ident; answer $description:tt $($answer:tt)+
+    ) => {
+        #[doc = $default_doc]
+        #[utoipa::path(post, path = $path, tag = $tag, request_body = $request,
+            responses((status = 200, description = $description, body = $($answer)+),
+                (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 404, body = TeiError),
+                (status = 413, body = TeiError), (status = 429, body = TeiError), (status = 503, body = TeiError)),
+            security(("api_key" = [])))]
+        async fn $default(
+            state: axum::extract::State<crate::state::AppState>,
+            model: Result<crate::request::RoutedModel, crate::error::AppError>,
+            hold: crate::request::InflightHold,
+            body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+        ) -> Result<axum::response::Response, TeiFailure> {
+            $serve(state, model, hold, body).await
+        }
+
+        #[doc = $named_doc]
+        #[utoipa::path(post, path = $named_path, tag = $tag, request_body = $request,
+            params(("model" = String, Path, description = "The model")),
+            responses((status = 200, description = $description, body = $($answer)+),
+                (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 404, body = TeiError),
+                (status = 413, body = TeiError), (status = 429, body = TeiError), (status = 503, body = TeiError)),
+            security(("api_key" = [])))]
+        async fn $named(
+            state: axum::extract::State<crate::state::AppState>,
+            model: Result<crate::request::RoutedModel, crate::error::AppError>,
+            hold: crate::request::InflightHold,
+            body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+        ) -> Result<axum::response::Response, TeiFailure> {
+            $serve(state, model, hold, body).await
+        }
+    };
+}
+
 pub mod info;
 pub mod score;
 pub mod tokens;
@@ -80,10 +121,30 @@ pub struct EmbedRequest {
     /// Cut texts longer than the model takes (default true); `false` refuses them with a 400.
     #[serde(default)]
     truncate: Option<bool>,
+    /// Which end of a long text is cut (default `right`).
+    #[serde(default)]
+    truncation_direction: Option<TruncationDirection>,
 }
 
 fn yes() -> bool {
     true
+}
+
+/// Which end of a text too long for the model is cut: `right` (the default) or `left`, as TEI takes it (`Right`
+/// and `Left` as `tei-client` sends them).
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TruncationDirection {
+    #[serde(alias = "Left")]
+    Left,
+    #[serde(alias = "Right")]
+    Right,
+}
+
+impl TruncationDirection {
+    pub fn is_left(self) -> bool {
+        self == TruncationDirection::Left
+    }
 }
 
 /// TEI's error body.
@@ -120,35 +181,10 @@ impl IntoResponse for TeiFailure {
     }
 }
 
-/// Embed texts with the default model.
-#[utoipa::path(post, path = "/embed", tag = "embeddings", request_body = EmbedRequest,
-    responses((status = 200, description = "One embedding per input", body = Vec<Vec<f32>>),
-        (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 404, body = TeiError), (status = 413, body = TeiError),
-        (status = 429, body = TeiError), (status = 503, body = TeiError)),
-    security(("api_key" = [])))]
-async fn embed_default(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    hold: InflightHold,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, TeiFailure> {
-    embed(state, model, hold, body).await
-}
-
-/// Embed texts with the named model.
-#[utoipa::path(post, path = "/models/{model}/embed", tag = "embeddings", request_body = EmbedRequest,
-    params(("model" = String, Path, description = "The model")),
-    responses((status = 200, description = "One embedding per input", body = Vec<Vec<f32>>),
-        (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 404, body = TeiError), (status = 413, body = TeiError),
-        (status = 429, body = TeiError), (status = 503, body = TeiError)),
-    security(("api_key" = [])))]
-async fn embed_named(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    hold: InflightHold,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, TeiFailure> {
-    embed(state, model, hold, body).await
+tei_routes! {
+    embed_default at "/embed", embed_named at "/models/{model}/embed" => embed;
+    docs "Embed texts with the default model." "Embed texts with the named model.";
+    tag "embeddings"; body EmbedRequest; answer "One embedding per input" Vec<Vec<f32>>
 }
 
 pub(super) async fn embed(
@@ -162,6 +198,7 @@ pub(super) async fn embed(
     let build = |request: EmbedRequest| {
         let input = TextInput {
             truncate: request.truncate.unwrap_or(true),
+            truncate_left: request.truncation_direction.is_some_and(TruncationDirection::is_left),
             normalize: Some(request.normalize),
             ..TextInput::new(request.inputs.into())
         };
@@ -182,37 +219,16 @@ pub struct EmbedAllRequest {
     /// Cut texts longer than the model takes (default true); `false` refuses them with a 400.
     #[serde(default)]
     truncate: Option<bool>,
+    /// Which end of a long text is cut (default `right`).
+    #[serde(default)]
+    truncation_direction: Option<TruncationDirection>,
 }
 
-/// Each token's vector, special tokens included, for the default embedding model.
-#[utoipa::path(post, path = "/embed_all", tag = "embeddings", request_body = EmbedAllRequest,
-    responses((status = 200, description = "For each input, a vector per token", body = Vec<Vec<Vec<f32>>>),
-        (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 404, body = TeiError), (status = 413, body = TeiError),
-        (status = 429, body = TeiError), (status = 503, body = TeiError)),
-    security(("api_key" = [])))]
-async fn embed_all_default(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    hold: InflightHold,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, TeiFailure> {
-    embed_all(state, model, hold, body).await
-}
-
-/// Each token's vector, special tokens included, for the named model.
-#[utoipa::path(post, path = "/models/{model}/embed_all", tag = "embeddings", request_body = EmbedAllRequest,
-    params(("model" = String, Path, description = "The model")),
-    responses((status = 200, description = "For each input, a vector per token", body = Vec<Vec<Vec<f32>>>),
-        (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 404, body = TeiError), (status = 413, body = TeiError),
-        (status = 429, body = TeiError), (status = 503, body = TeiError)),
-    security(("api_key" = [])))]
-async fn embed_all_named(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    hold: InflightHold,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, TeiFailure> {
-    embed_all(state, model, hold, body).await
+tei_routes! {
+    embed_all_default at "/embed_all", embed_all_named at "/models/{model}/embed_all" => embed_all;
+    docs "Each token's vector, special tokens included, for the default embedding model."
+        "Each token's vector, special tokens included, for the named model.";
+    tag "embeddings"; body EmbedAllRequest; answer "For each input, a vector per token" Vec<Vec<Vec<f32>>>
 }
 
 /// The encoder's last hidden state, unpooled and unnormalised, as TEI's `/embed_all` gives it (its clients' own
@@ -228,6 +244,7 @@ async fn embed_all(
     let build = |request: EmbedAllRequest| {
         let input = TextInput {
             truncate: request.truncate.unwrap_or(true),
+            truncate_left: request.truncation_direction.is_some_and(TruncationDirection::is_left),
             per_token: true,
             ..TextInput::new(request.inputs.into())
         };
@@ -270,35 +287,11 @@ pub struct SimilarityParameters {
     truncate: Option<bool>,
 }
 
-/// The cosine similarity of a sentence to others, with the default embedding model.
-#[utoipa::path(post, path = "/similarity", tag = "embeddings", request_body = SimilarityRequest,
-    responses((status = 200, description = "One cosine similarity per sentence", body = Vec<f32>),
-        (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 413, body = TeiError),
-        (status = 429, body = TeiError), (status = 503, body = TeiError)),
-    security(("api_key" = [])))]
-async fn similarity_default(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    hold: InflightHold,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, TeiFailure> {
-    similarity(state, model, hold, body).await
-}
-
-/// The cosine similarity of a sentence to others, with the named embedding model.
-#[utoipa::path(post, path = "/models/{model}/similarity", tag = "embeddings", request_body = SimilarityRequest,
-    params(("model" = String, Path, description = "The model")),
-    responses((status = 200, description = "One cosine similarity per sentence", body = Vec<f32>),
-        (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 404, body = TeiError),
-        (status = 413, body = TeiError), (status = 429, body = TeiError), (status = 503, body = TeiError)),
-    security(("api_key" = [])))]
-async fn similarity_named(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    hold: InflightHold,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, TeiFailure> {
-    similarity(state, model, hold, body).await
+tei_routes! {
+    similarity_default at "/similarity", similarity_named at "/models/{model}/similarity" => similarity;
+    docs "The cosine similarity of a sentence to others, with the default embedding model."
+        "The cosine similarity of a sentence to others, with the named embedding model.";
+    tag "embeddings"; body SimilarityRequest; answer "One cosine similarity per sentence" Vec<f32>
 }
 
 pub(super) async fn similarity(

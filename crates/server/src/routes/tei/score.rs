@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{json_body, serve_json, TeiError, TeiFailure};
+use super::{json_body, serve_json, TeiError, TeiFailure, TruncationDirection};
 use crate::codec::CodecError;
 use crate::error::{body_error, AppError};
 use crate::request::{InflightHold, RoutedModel};
@@ -40,6 +40,9 @@ pub struct RerankRequest {
     /// Cut pairs longer than the model takes, the text first (default true); `false` refuses them.
     #[serde(default)]
     pub truncate: Option<bool>,
+    /// Which end of a long text is cut (default `right`).
+    #[serde(default)]
+    pub truncation_direction: Option<TruncationDirection>,
     /// The logits as they are, rather than their sigmoid (default false).
     #[serde(default)]
     pub raw_scores: Option<bool>,
@@ -60,35 +63,11 @@ pub struct Rank {
     pub text: Option<String>,
 }
 
-/// Rerank texts against a query with the default reranker.
-#[utoipa::path(post, path = "/rerank", tag = "rerank", request_body = RerankRequest,
-    responses((status = 200, description = "Every text, best first", body = Vec<Rank>),
-        (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 413, body = TeiError),
-        (status = 429, body = TeiError), (status = 503, body = TeiError)),
-    security(("api_key" = [])))]
-async fn rerank_default(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    hold: InflightHold,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, TeiFailure> {
-    rerank(state, model, hold, body).await
-}
-
-/// Rerank texts against a query with the named reranker.
-#[utoipa::path(post, path = "/models/{model}/rerank", tag = "rerank", request_body = RerankRequest,
-    params(("model" = String, Path, description = "The model")),
-    responses((status = 200, description = "Every text, best first", body = Vec<Rank>),
-        (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 404, body = TeiError),
-        (status = 413, body = TeiError), (status = 429, body = TeiError), (status = 503, body = TeiError)),
-    security(("api_key" = [])))]
-async fn rerank_named(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    hold: InflightHold,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, TeiFailure> {
-    rerank(state, model, hold, body).await
+tei_routes! {
+    rerank_default at "/rerank", rerank_named at "/models/{model}/rerank" => rerank;
+    docs "Rerank texts against a query with the default reranker."
+        "Rerank texts against a query with the named reranker.";
+    tag "rerank"; body RerankRequest; answer "Every text, best first" Vec<Rank>
 }
 
 pub(super) async fn rerank(
@@ -100,8 +79,13 @@ pub(super) async fn rerank(
     let model = model?.serving(state.registry())?;
     let body = body.map_err(body_error)?;
     let build = |r: RerankRequest| {
-        let request = rerank_request(&r.query, &r.texts, r.truncate, r.raw_scores.unwrap_or(false))?;
-        Ok((request, r.return_text.unwrap_or(false).then_some(r.texts)))
+        let input = TextInput {
+            truncate: r.truncate.unwrap_or(true),
+            truncate_left: r.truncation_direction.is_some_and(TruncationDirection::is_left),
+            raw_scores: r.raw_scores.unwrap_or(false),
+            ..TextInput::new(rerank_pairs(&r.query, &r.texts, "texts")?)
+        };
+        Ok((Request::new(Input::Score(input)), r.return_text.unwrap_or(false).then_some(r.texts)))
     };
     serve_json(&state, &model, &hold, "rerank", body, build, |served, texts| {
         let ranks = ranked(&served.answer.tensors)?
@@ -113,22 +97,16 @@ pub(super) async fn rerank(
     .await
 }
 
-/// The request that scores `query` against each of `texts`: what every rerank protocol sends.
-pub(crate) fn rerank_request(
-    query: &str,
-    texts: &[String],
-    truncate: Option<bool>,
-    raw_scores: bool,
-) -> Result<Request, CodecError> {
+/// The pairs that score `query` against each of `texts`, which the protocol calls `field`: what every rerank
+/// protocol sends.
+pub(crate) fn rerank_pairs(query: &str, texts: &[String], field: &str) -> Result<Texts, CodecError> {
     if query.is_empty() {
         return Err(CodecError::Invalid("`query` is empty: there is nothing to rank against".into()));
     }
     if texts.is_empty() {
-        return Err(CodecError::Invalid("`texts` is empty: there is nothing to rank".into()));
+        return Err(CodecError::Invalid(format!("`{field}` is empty: there is nothing to rank")));
     }
-    let pairs = texts.iter().map(|t| (query.to_owned(), t.clone())).collect();
-    let input = TextInput { truncate: truncate.unwrap_or(true), raw_scores, ..TextInput::new(Texts::Pairs(pairs)) };
-    Ok(Request::new(Input::Score(input)))
+    Ok(Texts::Pairs(texts.iter().map(|t| (query.to_owned(), t.clone())).collect()))
 }
 
 /// A reranker's scores as (index, score), best first; ties keep the request's order.
@@ -147,6 +125,9 @@ pub struct PredictRequest {
     pub inputs: serde_json::Value,
     #[serde(default)]
     pub truncate: Option<bool>,
+    /// Which end of a long text is cut (default `right`).
+    #[serde(default)]
+    pub truncation_direction: Option<TruncationDirection>,
     #[serde(default)]
     pub raw_scores: Option<bool>,
 }
@@ -204,6 +185,7 @@ pub(crate) async fn predict(
         let (texts, batch) = predict_inputs(&r.inputs)?;
         let input = TextInput {
             truncate: r.truncate.unwrap_or(true),
+            truncate_left: r.truncation_direction.is_some_and(TruncationDirection::is_left),
             raw_scores: r.raw_scores.unwrap_or(false),
             ..TextInput::new(texts)
         };
