@@ -12,6 +12,11 @@ Writes, under OUT:
                        tokenizer_config.json, special_tokens_map.json
   OUT/classifier/      BertForSequenceClassification, labels negative/neutral/positive; the same files
                        (pairs as `[CLS] A [SEP] B [SEP]`, type ids 0/1)
+  OUT/distilbert-classifier/
+                       DistilBertForSequenceClassification, labels NEGATIVE/POSITIVE (the family of the most used
+                       sentiment classifier, distilbert-base-uncased-finetuned-sst-2-english): DistilBERT's config
+                       keys and tensor names (`distilbert.transformer.layer.N.attention.q_lin`, …), no token types,
+                       the pre_classifier (ReLU) head; the same tokenizer files (pairs as `[CLS] A [SEP] B [SEP]`)
   OUT/reranker-onnx/   the reranker's weights as an ONNX graph (opset 17), model.onnx: `input_ids`,
                        `attention_mask` INT64 [batch, sequence] -> `logits` FP32 [batch, 1]; plus copies of the
                        reranker's config and tokenizer files so the folder stands alone
@@ -85,6 +90,42 @@ CLASSIFIER = {
     "type_vocab_size": 2,
 }
 
+DISTILBERT = {
+    "activation": "gelu",
+    "architectures": ["DistilBertForSequenceClassification"],
+    "attention_dropout": 0.1,
+    "dim": 64,
+    "dropout": 0.1,
+    "hidden_dim": 128,
+    "id2label": {"0": "NEGATIVE", "1": "POSITIVE"},
+    "initializer_range": 0.02,
+    "label2id": {"NEGATIVE": 0, "POSITIVE": 1},
+    "max_position_embeddings": 512,
+    "model_type": "distilbert",
+    "n_heads": 4,
+    "n_layers": 2,
+    "pad_token_id": PAD,
+    "qa_dropout": 0.1,
+    "seq_classif_dropout": 0.2,
+    "sinusoidal_pos_embds": False,
+    "torch_dtype": "float32",
+    "vocab_size": 30522,
+}
+# Seed 5 of 0-5: its two labels each win for some sample texts.
+DISTILBERT_SEED = 5
+
+# BERT's tensor names within a layer, and DistilBERT's for the same tensors.
+DISTILBERT_NAMES = [
+    ("attention.self.query.", "attention.q_lin."),
+    ("attention.self.key.", "attention.k_lin."),
+    ("attention.self.value.", "attention.v_lin."),
+    ("attention.output.dense.", "attention.out_lin."),
+    ("attention.output.LayerNorm.", "sa_layer_norm."),
+    ("intermediate.dense.", "ffn.lin1."),
+    ("output.dense.", "ffn.lin2."),
+    ("output.LayerNorm.", "output_layer_norm."),
+]
+
 SPECIAL_TOKENS = {"cls_token": "[CLS]", "mask_token": "[MASK]", "pad_token": "[PAD]", "sep_token": "[SEP]",
                   "unk_token": "[UNK]"}
 
@@ -154,6 +195,31 @@ def classifier_weights():
     hidden = CLASSIFIER["hidden_size"]
     w.linear("bert.pooler.dense", hidden, hidden)
     w.linear("classifier", len(CLASSIFIER["id2label"]), hidden, gain=4.0)
+    return w
+
+
+def distilbert_weights():
+    """Drawn as a BERT encoder of the same shapes (one token type, then dropped), then named as DistilBERT names
+    them; the head is pre_classifier (ReLU) and classifier on the first token."""
+    c = DISTILBERT
+    shapes = {"hidden_size": c["dim"], "intermediate_size": c["hidden_dim"], "num_hidden_layers": c["n_layers"],
+              "max_position_embeddings": c["max_position_embeddings"], "type_vocab_size": 1,
+              "vocab_size": c["vocab_size"]}
+    drawn = Weights(DISTILBERT_SEED)
+    drawn.encoder("distilbert.", shapes)
+    drawn.linear("pre_classifier", c["dim"], c["dim"])
+    drawn.linear("classifier", len(c["id2label"]), c["dim"], gain=4.0)
+    w = {}
+    for name, value in drawn.items():
+        if "token_type_embeddings" in name:
+            continue
+        if name.startswith("distilbert.encoder.layer."):
+            name = name.replace("distilbert.encoder.layer.", "distilbert.transformer.layer.")
+            for bert, distil in DISTILBERT_NAMES:
+                if bert in name:
+                    name = name.replace(bert, distil)
+                    break
+        w[name] = value
     return w
 
 
@@ -291,6 +357,7 @@ def main():
     rerank = reranker_weights()
     write_folder(out / "reranker", RERANKER, rerank, reranker_tokenizer)
     write_folder(out / "classifier", CLASSIFIER, classifier_weights(), tokenizer)
+    write_folder(out / "distilbert-classifier", DISTILBERT, distilbert_weights(), tokenizer)
 
     folder = out / "reranker-onnx"
     folder.mkdir(parents=True, exist_ok=True)

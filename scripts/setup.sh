@@ -56,8 +56,9 @@ INFERD_CACHE_DIR=$CACHE_DIR ./scripts/fetch-text-models.sh
 
 # The reranker and the classifier (models/make_text_heads.py): small models in the hub's layout from fixed-seed
 # weights and MiniLM's tokenizer, copied beside their committed model.toml files: models/reranker and
-# models/classifier, and the reranker as an ONNX graph in tests/data/models/reranker-onnx (a test model, so that the
-# bundled repository has one default reranker). Remade when the script or the tokenizer changes.
+# models/classifier, and (test models, so that the bundled repository has one default reranker and classifier) the
+# reranker as an ONNX graph in tests/data/models/reranker-onnx and a DistilBERT classifier in
+# tests/data/models/distilbert-classifier. Remade when the script or the tokenizer changes.
 HEADS_DIR=$CACHE_DIR/heads
 HEADS_STAMP="$HEADS_DIR/.made-by-$(cat models/make_text_heads.py models/minilm/tokenizer.json | sha256sum | cut -c1-16)"
 if [ ! -f "$HEADS_STAMP" ]; then
@@ -67,6 +68,7 @@ if [ ! -f "$HEADS_STAMP" ]; then
     "$MODEL_ENV/bin/python" models/make_text_heads.py "$HEADS_DIR"
     touch "$HEADS_STAMP"
 fi
-for pair in reranker:models/reranker classifier:models/classifier reranker-onnx:tests/data/models/reranker-onnx; do
+for pair in reranker:models/reranker classifier:models/classifier reranker-onnx:tests/data/models/reranker-onnx \
+    distilbert-classifier:tests/data/models/distilbert-classifier; do
     cp -p "$HEADS_DIR/${pair%%:*}"/* "${pair#*:}/"
 done

@@ -37,6 +37,19 @@ def test_a_closed_loop_sweep_reports_and_plots(server_url, tmp_path, protocol):
         assert svg.startswith("<svg") and "<polyline" in svg
 
 
+def test_the_rerank_protocol_scores_every_passage_and_the_engine_runs_its_pairs(server_url, tmp_path):
+    run("http", "--url", f"http://{server_url}", "--model", "reranker", "--protocol", "rerank", "--rows", "5",
+        "--concurrency", "4", "--warmup", "0.2", "--duration", "0.5", "--quiet", "--out", str(tmp_path),
+        "--name", "rerank")
+    [report] = json.loads((tmp_path / "rerank.json").read_text())
+    assert report["requests_ok"] > 0 and report["errors"] == {}, report
+    assert report["rows_per_s"] == pytest.approx(5 * report["throughput_rps"], rel=1e-6)
+    run("engine", "--model-dir", str(ROOT / "models" / "reranker"), "--batch-sizes", "16", "--warmup", "0.1",
+        "--duration", "0.3", "--out", str(tmp_path), "--name", "engine-rerank")
+    [engine] = json.loads((tmp_path / "engine-rerank.json").read_text())
+    assert engine["calls"] > 0 and 1.0 <= engine["padding_waste"] < 1.5, engine
+
+
 def test_an_open_loop_counts_errors_by_status(server_url, tmp_path):
     # A body the model refuses: every answer is a 400, counted, none is mistaken for a success.
     body = tmp_path / "bad.json"

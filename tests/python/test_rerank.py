@@ -130,6 +130,25 @@ def test_candle_classifier_agrees_with_the_reference_for_texts_and_pairs(server)
     assert_close([s["score"] for s in answer], np.sort(want)[::-1])
 
 
+def test_candle_distilbert_classifier_agrees_with_the_reference():
+    """DistilBERT: its own config keys and tensor names, no token types, the pre_classifier (ReLU) head."""
+    folder = ROOT / "tests" / "data" / "models" / "distilbert-classifier"
+    texts = ["I like this server", "It crashed twice", "a cat sits on the mat", "ok"]
+    pairs = [("A man is eating.", "Somebody eats."), ("rain", "The weather in Lisbon is mild in winter.")]
+    reference = Reference(folder)
+    with start_inferd(folder) as address:
+        classifier = HttpClient(f"http://{address}")
+        got = [{p.label: p.score for p in result.scores} for result in classifier.classify(texts, raw_scores=True)]
+        want = reference.logits(*encode_texts(folder, texts))
+        assert_close([[row["NEGATIVE"], row["POSITIVE"]] for row in got], want)
+        assert len({max(row, key=row.get) for row in got}) == 2, "each label wins for some text"
+        status, answer = post(f"http://{address}/predict", {"inputs": [list(p) for p in pairs]})
+        assert status == 200, answer
+        want = softmax(reference.logits(*encode_pairs(folder, pairs)))
+        assert_close([[next(s["score"] for s in row if s["label"] == label) for label in ("NEGATIVE", "POSITIVE")]
+                      for row in answer], want)
+
+
 def test_tei_client_works_unchanged(server):
     ranker = HttpClient(f"http://{server}/models/reranker")
     ranks = ranker.rerank(QUERY, PASSAGES, raw_scores=True, return_text=True).ranks
@@ -144,6 +163,7 @@ def test_tei_client_works_unchanged(server):
 
     embedder = HttpClient(f"http://{server}")  # `/info` names the default text model: MiniLM
     info = embedder.info()
+    assert embedder.prompt_names() == []
     assert info.server_model_id == "minilm" and info.max_client_batch_size == MAX_ROWS
     embedding = np.asarray(embedder.embed("dynamic batching"))
     assert embedding.shape == (1, 384) and abs(np.linalg.norm(embedding) - 1) < 1e-5
@@ -272,6 +292,7 @@ def test_padding_never_changes_a_score(server):
     ("/models/classifier/embed_all", {"inputs": "a"}, 400, "does not embed"),
     ("/embed_all", {"inputs": ["word " * 600], "truncate": False}, 400, "tokens long"),
     ("/embed_all", {"inputs": []}, 400, "empty"),
+    ("/embed", {"inputs": "a", "prompt_name": "query"}, 400, "does not apply prompts"),
     ("/predict", {"inputs": ["a", "b", "c"]}, 400, "one text or a pair"),
     ("/decode", {"ids": [999999]}, 400, "outside the model's vocabulary"),
     ("/models/nope/rerank", {"query": "q", "texts": ["a"]}, 404, "nope"),

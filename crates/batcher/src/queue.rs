@@ -311,12 +311,7 @@ impl Queue {
             let candidates: Vec<Candidate<&BatchKey>> = state
                 .queue
                 .iter()
-                .map(|p| Candidate {
-                    rows: p.rows,
-                    seq_len: p.seq_len,
-                    key: &p.key,
-                    enqueued_at: p.enqueued_at,
-                })
+                .map(|p| Candidate { rows: p.rows, seq_len: p.seq_len, key: &p.key, enqueued_at: p.enqueued_at })
                 .collect();
             match decide(&candidates, &self.policy, now, state.flush) {
                 Decision::Run { positions, rows, reason } => {

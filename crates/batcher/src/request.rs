@@ -42,7 +42,12 @@ pub struct InferRequest {
 impl InferRequest {
     /// A request with no deadline, in the current span.
     pub fn new(inputs: Vec<Tensor>) -> Self {
-        InferRequest { inputs: Inputs::Rows(inputs), deadline: None, span: tracing::Span::current(), hidden_states: false }
+        InferRequest {
+            inputs: Inputs::Rows(inputs),
+            deadline: None,
+            span: tracing::Span::current(),
+            hidden_states: false,
+        }
     }
 
     /// A text model's request of one or more sequences, with no deadline, in the current span.

@@ -1,18 +1,20 @@
-//! `architecture = "bert"`: an encoder of BERT's family (BERT, RoBERTa, XLM-RoBERTa) from a folder in the Hugging
-//! Face hub's layout (`config.json`, `model.safetensors`), ending in pooling (one vector per sequence) or in the
-//! classification head of a `*ForSequenceClassification` model (one row of logits per sequence).
+//! `architecture = "bert"`: an encoder of BERT's family (BERT, RoBERTa, XLM-RoBERTa, DistilBERT) from a folder in
+//! the Hugging Face hub's layout (`config.json`, `model.safetensors`), ending in pooling (one vector per sequence)
+//! or in the classification head of a `*ForSequenceClassification` model (one row of logits per sequence).
 //!
 //! The encoder layers are candle-transformers'. The embeddings and the attention mask are built here: its
 //! `BertModel` casts `f32::MIN` into the model's dtype for the mask, which is −∞ in FP16 and BF16, and
 //! `0 × −∞` turns every unmasked score into NaN. Here the additive mask is made in F32 from the dtype's own
 //! lowest finite value and cast after, so FP16 and BF16 compute as FP32 does. RoBERTa's family differs from BERT
-//! only in where positions start (past the padding id), in having one token type, and in its head.
+//! only in where positions start (past the padding id), in having one token type, and in its head. DistilBERT's
+//! layers are BERT's under other names (read through a renaming of its tensors), with no token types, its own
+//! config keys and its own head.
 
 use std::path::Path;
 
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
-use candle_transformers::models::bert::{BertEncoder, Config};
+use candle_transformers::models::bert::{BertEncoder, Config, HiddenAct};
 use inferd_core::text::is_roberta;
 use inferd_core::{Error, Pooling, Result};
 
@@ -20,7 +22,8 @@ use inferd_core::{Error, Pooling, Result};
 pub(crate) struct Bert {
     words: Embedding,
     positions: Embedding,
-    token_types: Embedding,
+    /// `None` in DistilBERT, which has none.
+    token_types: Option<Embedding>,
     norm: LayerNorm,
     encoder: BertEncoder,
     head: Head,
@@ -41,6 +44,68 @@ enum Head {
     /// `RobertaForSequenceClassification` (and XLM-RoBERTa's): the first token's state through dense, tanh, and
     /// the output projection.
     Roberta { dense: Linear, out_proj: Linear },
+    /// `DistilBertForSequenceClassification`: the first token's state through pre_classifier, ReLU, and the
+    /// classifier.
+    Distil { pre_classifier: Linear, classifier: Linear },
+}
+
+/// Which member of BERT's family a checkpoint is, from its `config.json`'s `model_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    Bert,
+    Roberta,
+    Distil,
+}
+
+impl Family {
+    fn of(config: &Config) -> Family {
+        match config.model_type.as_deref() {
+            Some(t) if is_roberta(t) => Family::Roberta,
+            Some(DISTILBERT) => Family::Distil,
+            _ => Family::Bert,
+        }
+    }
+}
+
+const DISTILBERT: &str = "distilbert";
+
+/// DistilBERT's `config.json`: its own names for BERT's sizes.
+#[derive(serde::Deserialize)]
+struct DistilConfig {
+    vocab_size: usize,
+    dim: usize,
+    n_layers: usize,
+    n_heads: usize,
+    hidden_dim: usize,
+    activation: HiddenAct,
+    max_position_embeddings: usize,
+    #[serde(default)]
+    pad_token_id: usize,
+    #[serde(default)]
+    sinusoidal_pos_embds: bool,
+}
+
+/// BERT's name of a layer tensor → DistilBERT's: `encoder.layer.N.attention.self.query.weight` →
+/// `transformer.layer.N.attention.q_lin.weight`, and so on. Names outside the layers are the same.
+fn distil_name(name: &str) -> String {
+    const PARTS: [(&str, &str); 8] = [
+        (".attention.self.query.", ".attention.q_lin."),
+        (".attention.self.key.", ".attention.k_lin."),
+        (".attention.self.value.", ".attention.v_lin."),
+        (".attention.output.dense.", ".attention.out_lin."),
+        (".attention.output.LayerNorm.", ".sa_layer_norm."),
+        (".intermediate.dense.", ".ffn.lin1."),
+        (".output.dense.", ".ffn.lin2."),
+        (".output.LayerNorm.", ".output_layer_norm."),
+    ];
+    if !name.contains("encoder.layer.") {
+        return name.to_owned();
+    }
+    let name = name.replacen("encoder.layer.", "transformer.layer.", 1);
+    match PARTS.iter().find(|(bert, _)| name.contains(bert)) {
+        Some((bert, distil)) => name.replacen(bert, distil, 1),
+        None => name,
+    }
 }
 
 /// What a loaded encoder should end in.
@@ -51,12 +116,38 @@ pub(crate) enum Output {
     Logits,
 }
 
-/// Reads a folder's `config.json`.
+/// Reads a folder's `config.json`; DistilBERT's is read into BERT's terms.
 pub(crate) fn read_config(dir: &Path) -> Result<Config> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path)
         .map_err(|e| Error::config(&path, format!("a bert model needs the hub's config.json: {e}")))?;
-    serde_json::from_str(&text).map_err(|e| Error::config(&path, format!("not a BERT configuration: {e}")))
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| Error::config(&path, format!("not JSON: {e}")))?;
+    if json.get("model_type").and_then(|t| t.as_str()) != Some(DISTILBERT) {
+        return serde_json::from_value(json)
+            .map_err(|e| Error::config(&path, format!("not a BERT configuration: {e}")));
+    }
+    let c: DistilConfig = serde_json::from_value(json)
+        .map_err(|e| Error::config(&path, format!("not a DistilBERT configuration: {e}")))?;
+    if c.sinusoidal_pos_embds {
+        return Err(Error::config(&path, "sinusoidal_pos_embds: only learned position embeddings are supported"));
+    }
+    Ok(Config {
+        vocab_size: c.vocab_size,
+        hidden_size: c.dim,
+        num_hidden_layers: c.n_layers,
+        num_attention_heads: c.n_heads,
+        intermediate_size: c.hidden_dim,
+        hidden_act: c.activation,
+        max_position_embeddings: c.max_position_embeddings,
+        // No token type embeddings: one type, never looked up.
+        type_vocab_size: 1,
+        // transformers' DistilBERT fixes its LayerNorms' epsilon.
+        layer_norm_eps: 1e-12,
+        pad_token_id: c.pad_token_id,
+        model_type: Some(DISTILBERT.to_owned()),
+        ..Config::default()
+    })
 }
 
 impl Bert {
@@ -67,8 +158,12 @@ impl Bert {
         // inferd never writes model files.
         #[allow(unsafe_code)]
         let root = unsafe { VarBuilder::from_mmaped_safetensors(&[file], dtype, device) }.map_err(weights)?;
-        let roberta = config.model_type.as_deref().is_some_and(is_roberta);
-        let prefix = ["bert", "roberta"]
+        let family = Family::of(&config);
+        let root = match family {
+            Family::Distil => root.rename_f(distil_name),
+            _ => root,
+        };
+        let prefix = ["bert", "roberta", DISTILBERT]
             .into_iter()
             .find(|p| root.contains_tensor(&format!("{p}.embeddings.word_embeddings.weight")));
         let vb = match prefix {
@@ -79,7 +174,11 @@ impl Bert {
         let (hidden, c) = (config.hidden_size, &config);
         let head = match output {
             Output::Pool(pooling) => Head::Pool(pooling),
-            Output::Logits if roberta => {
+            Output::Logits if family == Family::Distil => Head::Distil {
+                pre_classifier: candle_nn::linear(hidden, hidden, root.pp("pre_classifier")).map_err(weights)?,
+                classifier: last_linear(&root.pp("classifier"), hidden).map_err(weights)?,
+            },
+            Output::Logits if family == Family::Roberta => {
                 let head = root.pp("classifier");
                 Head::Roberta {
                     dense: candle_nn::linear(hidden, hidden, head.pp("dense")).map_err(weights)?,
@@ -95,12 +194,16 @@ impl Bert {
             words: candle_nn::embedding(c.vocab_size, hidden, e.pp("word_embeddings")).map_err(weights)?,
             positions: candle_nn::embedding(c.max_position_embeddings, hidden, e.pp("position_embeddings"))
                 .map_err(weights)?,
-            token_types: candle_nn::embedding(c.type_vocab_size, hidden, e.pp("token_type_embeddings"))
-                .map_err(weights)?,
+            token_types: match family {
+                Family::Distil => None,
+                _ => Some(
+                    candle_nn::embedding(c.type_vocab_size, hidden, e.pp("token_type_embeddings")).map_err(weights)?,
+                ),
+            },
             norm: candle_nn::layer_norm(hidden, c.layer_norm_eps, e.pp("LayerNorm")).map_err(weights)?,
             encoder: BertEncoder::load(vb.pp("encoder"), c).map_err(weights)?,
             head,
-            first_position: if roberta { c.pad_token_id as u32 + 1 } else { 0 },
+            first_position: if family == Family::Roberta { c.pad_token_id as u32 + 1 } else { 0 },
             mask_value: lowest(dtype),
             config,
         };
@@ -111,9 +214,9 @@ impl Bert {
     pub(crate) fn width(&self) -> usize {
         match &self.head {
             Head::Pool(_) => self.config.hidden_size,
-            Head::Bert { classifier: last, .. } | Head::Roberta { out_proj: last, .. } => {
-                last.weight().dim(0).unwrap_or(0)
-            }
+            Head::Bert { classifier: last, .. }
+            | Head::Roberta { out_proj: last, .. }
+            | Head::Distil { classifier: last, .. } => last.weight().dim(0).unwrap_or(0),
         }
     }
 
@@ -138,6 +241,9 @@ impl Bert {
             Head::Roberta { dense, out_proj } => {
                 out_proj.forward(&dense.forward(&first_token()?)?.tanh()?)?.to_dtype(DType::F32)
             }
+            Head::Distil { pre_classifier, classifier } => {
+                classifier.forward(&pre_classifier.forward(&first_token()?)?.relu()?)?.to_dtype(DType::F32)
+            }
         }
     }
 
@@ -151,8 +257,12 @@ impl Bert {
         let (_, seq) = ids.dims2()?;
         let first = self.first_position;
         let positions = Tensor::arange(first, first + seq as u32, ids.device())?;
-        let embedded = (self.words.forward(ids)? + self.token_types.forward(types)?)?
-            .broadcast_add(&self.positions.forward(&positions)?)?;
+        let words = self.words.forward(ids)?;
+        let words = match &self.token_types {
+            Some(token_types) => (words + token_types.forward(types)?)?,
+            None => words,
+        };
+        let embedded = words.broadcast_add(&self.positions.forward(&positions)?)?;
         let embedded = self.norm.forward(&embedded)?;
         let dtype = embedded.dtype();
         // (1 − mask) × lowest, made in F32 where it is exact, then cast: 0 for a real token, the lowest finite

@@ -381,8 +381,9 @@ impl CandleEngine {
             false => token_ids(types, type_vocab, TOKEN_TYPE_IDS)?,
         };
         let shape = inputs[0].shape().to_vec();
-        let tensor =
-            |values: Vec<i64>| candle_core::Tensor::from_vec(values, shape.clone(), &self.device).map_err(Error::engine);
+        let tensor = |values: Vec<i64>| {
+            candle_core::Tensor::from_vec(values, shape.clone(), &self.device).map_err(Error::engine)
+        };
         Ok([tensor(ids)?, tensor(mask.to_vec::<i64>()?)?, tensor(types)?])
     }
 }

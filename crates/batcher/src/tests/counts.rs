@@ -60,8 +60,7 @@ fn text_batcher_with(observer: Arc<Observed>, hidden_states: bool, config: &Batc
             hidden_states,
         }),
     };
-    Batcher::start("tokens", config, vec![Box::new(TokenCounter { metadata })], observer)
-        .expect("threads start")
+    Batcher::start("tokens", config, vec![Box::new(TokenCounter { metadata })], observer).expect("threads start")
 }
 
 /// One sequence of one row: its token ids and a mask of ones, of `ids`' length.

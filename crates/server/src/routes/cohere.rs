@@ -155,7 +155,8 @@ async fn rerank(
             .enumerate()
             .map(|(i, d)| document_text(d, &fields, i))
             .collect::<Result<Vec<_>, _>>()?;
-        let pairs = rerank_pairs(&request.query, &texts, "documents").map_err(|e| AppError::from(e).in_model(model.name()))?;
+        let pairs =
+            rerank_pairs(&request.query, &texts, "documents").map_err(|e| AppError::from(e).in_model(model.name()))?;
         let infer_request = Request::new(Input::Score(TextInput::new(pairs)));
         let served = infer(&state, &model, infer_request, &hold).await?;
         let headers = served.headers();

@@ -33,3 +33,76 @@ impl From<TextsInput> for Texts {
         }
     }
 }
+
+/// What a JSON body's `inputs` holds, as far as telling protocols apart needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputsKind {
+    Text,
+    List,
+    Object,
+}
+
+/// The kind of a JSON object body's `inputs`: `None` when the body is not an object, has an `input` first (the
+/// seed's), or has no `inputs`. Reads only up to the start of that value (skipping the keys before it), so a large
+/// body is not parsed twice: its full decode runs off the async runtime, and this runs on it.
+pub fn inputs_kind(body: &[u8]) -> Option<InputsKind> {
+    use std::cell::Cell;
+
+    use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+    /// The top-level object: its keys, until `input` or `inputs`; then the parse stops with an error, so that
+    /// what follows is never read.
+    struct Body<'a>(&'a Cell<Option<InputsKind>>);
+    impl<'de> DeserializeSeed<'de> for Body<'_> {
+        type Value = ();
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Body<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                match key.as_ref() {
+                    "inputs" => return map.next_value_seed(Inputs(self.0)),
+                    "input" => break,
+                    _ => map.next_value::<IgnoredAny>().map(drop)?,
+                }
+            }
+            Err(A::Error::custom("decided"))
+        }
+    }
+    /// `inputs`' value, told by its first character; the rest is not read.
+    struct Inputs<'a>(&'a Cell<Option<InputsKind>>);
+    impl<'de> DeserializeSeed<'de> for Inputs<'_> {
+        type Value = ();
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)?;
+            Err(D::Error::custom("decided"))
+        }
+    }
+    impl<'de> Visitor<'de> for Inputs<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any value")
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            self.0.set(Some(InputsKind::Text));
+            Ok(())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+            self.0.set(Some(InputsKind::List));
+            Ok(())
+        }
+        fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+            self.0.set(Some(InputsKind::Object));
+            Ok(())
+        }
+    }
+    let kind = Cell::new(None);
+    let _ = Body(&kind).deserialize(&mut serde_json::Deserializer::from_slice(body));
+    kind.get()
+}

@@ -18,6 +18,7 @@ use crate::error::{body_error, AppError, InferErrors};
 use crate::ops::infer::{deadline_in, decode, encode, infer};
 use crate::request::{default_text, InflightHold, RoutedModel, ServedModel, TextDefault};
 use crate::routes::tei::TeiFailure;
+use crate::routes::InputsKind;
 use crate::state::AppState;
 
 /// Milliseconds a `/predict` request may wait in the queue before it is answered 503 without running.
@@ -104,68 +105,9 @@ async fn predict(
 }
 
 /// Whether a `/predict` body is TEI's: its `inputs` is a text or a list, where the seed's is an object of named
-/// tensors, or its `input` anything. Reads only up to the start of the first `input` or `inputs` value, so a large
-/// seed body is not parsed twice (its full decode runs off the async runtime; this runs on it).
+/// tensors, or its `input` anything.
 fn is_tei(body: &[u8]) -> bool {
-    use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, Visitor};
-    use std::cell::Cell;
-
-    /// Decides at the first value it sees, then stops the parse with an error: what follows is never read.
-    struct Verdict<'a>(&'a Cell<Option<bool>>);
-    impl<'de> DeserializeSeed<'de> for Verdict<'_> {
-        type Value = ();
-        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-            d.deserialize_any(self)
-        }
-    }
-    impl<'de> Visitor<'de> for Verdict<'_> {
-        type Value = ();
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a /predict body")
-        }
-        // A top-level object: its keys, until `input` or `inputs`.
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                match key.as_ref() {
-                    "inputs" => return map.next_value_seed(Inputs(self.0)),
-                    "input" => break,
-                    _ => map.next_value::<IgnoredAny>().map(drop)?,
-                }
-            }
-            self.0.set(Some(false));
-            Err(A::Error::custom("decided"))
-        }
-    }
-    /// `inputs`' value: TEI's is a text or a list. Told by its first character; the rest is not read.
-    struct Inputs<'a>(&'a Cell<Option<bool>>);
-    impl<'de> DeserializeSeed<'de> for Inputs<'_> {
-        type Value = ();
-        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-            d.deserialize_any(self)?;
-            Err(D::Error::custom("decided"))
-        }
-    }
-    impl<'de> Visitor<'de> for Inputs<'_> {
-        type Value = ();
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("any value")
-        }
-        fn visit_str<E>(self, _: &str) -> Result<(), E> {
-            self.0.set(Some(true));
-            Ok(())
-        }
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _: A) -> Result<(), A::Error> {
-            self.0.set(Some(true));
-            Ok(())
-        }
-        fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<(), A::Error> {
-            self.0.set(Some(false));
-            Ok(())
-        }
-    }
-    let verdict = Cell::new(None);
-    let _ = Verdict(&verdict).deserialize(&mut serde_json::Deserializer::from_slice(body));
-    verdict.get().unwrap_or(false)
+    matches!(super::inputs_kind(body), Some(InputsKind::Text | InputsKind::List))
 }
 
 /// TEI's `/predict`: the route's model when it names one, else the default classifier.

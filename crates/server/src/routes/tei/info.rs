@@ -3,8 +3,6 @@
 //! asks for it, as `huggingface_hub` sends it). Both serve the default text model; `/models/{model}/info` and
 //! `POST /models/{model}` serve the named one.
 
-use std::collections::HashMap;
-
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -19,6 +17,7 @@ use super::score::{label_maps, labels_of};
 use super::{TeiError, TeiFailure};
 use crate::error::{body_error, AppError};
 use crate::request::{InflightHold, RoutedModel};
+use crate::routes::{inputs_kind, InputsKind};
 use crate::state::AppState;
 
 /// `GET /info`, with the default text model.
@@ -164,15 +163,6 @@ async fn root_named(
     root(state, model, hold, body).await
 }
 
-/// The body of a similarity request (`inputs` is an object), told apart by its shape.
-fn asks_similarity(body: &[u8]) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Probe {
-        inputs: HashMap<String, serde::de::IgnoredAny>,
-    }
-    serde_json::from_slice::<Probe>(body).is_ok_and(|p| p.inputs.contains_key("source_sentence"))
-}
-
 async fn root(
     state: State<AppState>,
     model: Result<RoutedModel, AppError>,
@@ -187,7 +177,10 @@ async fn root(
             let model = routed.serving(state.registry())?;
             super::score::predict(&state, &model, &hold.0, body.map_err(body_error)?).await
         }
-        _ if body.as_ref().is_ok_and(|b| asks_similarity(b)) => super::similarity(state, Ok(routed), hold, body).await,
+        // A similarity request's `inputs` is an object (`source_sentence`, `sentences`); an embed request's is not.
+        _ if body.as_ref().is_ok_and(|b| inputs_kind(b) == Some(InputsKind::Object)) => {
+            super::similarity(state, Ok(routed), hold, body).await
+        }
         _ => super::embed(state, Ok(routed), hold, body).await,
     }
 }

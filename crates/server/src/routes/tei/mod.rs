@@ -124,10 +124,24 @@ pub struct EmbedRequest {
     /// Which end of a long text is cut (default `right`).
     #[serde(default)]
     truncation_direction: Option<TruncationDirection>,
+    /// A sentence-transformers prompt to prepend: refused, as inferd reads no prompts.
+    #[serde(default)]
+    prompt_name: Option<String>,
 }
 
 fn yes() -> bool {
     true
+}
+
+/// Refuses a `prompt_name`: inferd does not read sentence-transformers' prompts, and a prompt silently left out
+/// would change what the client embeds.
+pub(crate) fn no_prompt(prompt_name: Option<&str>) -> Result<(), CodecError> {
+    match prompt_name {
+        None => Ok(()),
+        Some(name) => Err(CodecError::Invalid(format!(
+            "prompt_name `{name}`: this server does not apply prompts; prepend the prompt's text to the input instead"
+        ))),
+    }
 }
 
 /// Which end of a text too long for the model is cut: `right` (the default) or `left`, as TEI takes it (`Right`
@@ -196,6 +210,7 @@ pub(super) async fn embed(
     let model = model?.serving(state.registry())?;
     let body = body.map_err(body_error)?;
     let build = |request: EmbedRequest| {
+        no_prompt(request.prompt_name.as_deref())?;
         let input = TextInput {
             truncate: request.truncate.unwrap_or(true),
             truncate_left: request.truncation_direction.is_some_and(TruncationDirection::is_left),
@@ -222,6 +237,9 @@ pub struct EmbedAllRequest {
     /// Which end of a long text is cut (default `right`).
     #[serde(default)]
     truncation_direction: Option<TruncationDirection>,
+    /// A sentence-transformers prompt to prepend: refused, as inferd reads no prompts.
+    #[serde(default)]
+    prompt_name: Option<String>,
 }
 
 tei_routes! {
@@ -242,6 +260,7 @@ async fn embed_all(
     let model = model?.serving(state.registry())?;
     let body = body.map_err(body_error)?;
     let build = |request: EmbedAllRequest| {
+        no_prompt(request.prompt_name.as_deref())?;
         let input = TextInput {
             truncate: request.truncate.unwrap_or(true),
             truncate_left: request.truncation_direction.is_some_and(TruncationDirection::is_left),

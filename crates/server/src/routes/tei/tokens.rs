@@ -51,6 +51,9 @@ pub struct TokenizeRequest {
     /// Add the model's special tokens (`[CLS]`, `[SEP]`; default true).
     #[serde(default)]
     add_special_tokens: Option<bool>,
+    /// A sentence-transformers prompt to prepend: refused, as inferd reads no prompts.
+    #[serde(default)]
+    prompt_name: Option<String>,
 }
 
 /// One token.
@@ -155,6 +158,7 @@ async fn tokenize(
 ) -> Result<Response, TeiFailure> {
     let model = model?.serving(state.registry())?;
     let request: TokenizeRequest = parse(&body.map_err(body_error)?)?;
+    super::no_prompt(request.prompt_name.as_deref()).map_err(AppError::from)?;
     let texts = request.inputs.into_vec();
     check_count(&state, texts.len(), "inputs")?;
     let special = request.add_special_tokens.unwrap_or(true);
