@@ -84,7 +84,8 @@ print(t.get('inferd_batch_tokens_total', 0), t.get('inferd_batch_padded_tokens_t
     stop_server
 
     echo "== round $r/$ROUNDS: engine only, $MODEL"
-    "$BENCH" engine --model-dir "$DIR" --batch-sizes 8,16,32,64 --warmup 1 --duration 5 --out "$OUT" \
+    "$BENCH" engine --model-dir "$DIR" --batch-sizes 8,16,32,64 --intra-op-threads "$(nproc)" --warmup 1 \
+        --duration 5 --out "$OUT" \
         --name "engine-rerank-r$r"
 done
 

@@ -13,18 +13,24 @@ use crate::report::{EngineReport, Percentiles};
 pub struct EngineRun<'a> {
     pub model_dir: &'a Path,
     pub onnxruntime_lib: &'a Path,
-    pub intra_op_threads: usize,
+    /// Where the model names none.
+    pub default_intra_op_threads: usize,
+    /// In place of the model's own.
+    pub intra_op_threads: Option<usize>,
     pub batch_sizes: &'a [usize],
     pub warmup: Duration,
     pub duration: Duration,
 }
 
 pub fn run(run: &EngineRun<'_>) -> anyhow::Result<Vec<EngineReport>> {
-    let config = ModelConfig::load(run.model_dir)?;
+    let mut config = ModelConfig::load(run.model_dir)?;
+    if let Some(threads) = run.intra_op_threads {
+        config.onnx.intra_op_threads = Some(threads);
+    }
     let settings = EngineSettings {
         onnx: OnnxSettings {
             library: run.onnxruntime_lib.to_path_buf(),
-            default_intra_op_threads: run.intra_op_threads,
+            default_intra_op_threads: run.default_intra_op_threads,
         },
         default_precision: inferd_core::Precision::Fp32,
         builder: None,

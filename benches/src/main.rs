@@ -111,7 +111,8 @@ struct EngineArgs {
     batch_sizes: Vec<usize>,
     #[arg(long, default_value = ".cache/onnxruntime/libonnxruntime.so.1.31.1")]
     onnxruntime_lib: PathBuf,
-    /// ONNX Runtime intra-op threads [default: every core, as a lone inferd model gets].
+    /// ONNX Runtime intra-op threads, in place of the model's own `onnx.intra_op_threads` [default: the model's,
+    /// else every core, as a lone inferd model gets].
     #[arg(long)]
     intra_op_threads: Option<usize>,
     #[command(flatten)]
@@ -136,7 +137,8 @@ fn main() -> anyhow::Result<()> {
             let run = engine::EngineRun {
                 model_dir: &args.model_dir,
                 onnxruntime_lib: &args.onnxruntime_lib,
-                intra_op_threads: args.intra_op_threads.unwrap_or(cores),
+                default_intra_op_threads: cores,
+                intra_op_threads: args.intra_op_threads,
                 batch_sizes: &args.batch_sizes,
                 warmup: seconds(args.common.warmup)?,
                 duration: seconds(args.common.duration)?,
