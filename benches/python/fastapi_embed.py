@@ -6,7 +6,7 @@ Runtime session of one intra-op thread (so the processes do not fight over the c
 that FastAPI runs in its thread pool (the tokenizer and ONNX Runtime release the GIL); mean pooling and
 normalisation in numpy. No batching across requests: each request runs alone, padded to its own longest text.
 
-With WORKERS=1 INTRA_OP_THREADS=0 it is the same server with default settings (one process, ONNX Runtime's own
+With uvicorn's --workers 1 and INTRA_OP_THREADS=0 it is the same server with default settings (one process, ONNX Runtime's own
 thread count).
 
 Run: MODEL=models/minilm-int8/model.onnx TOKENIZER=models/minilm/tokenizer.json uvicorn --workers 2 \

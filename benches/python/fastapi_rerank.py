@@ -7,7 +7,7 @@ that FastAPI runs in its thread pool (the tokenizer and ONNX Runtime release the
 passage) pairs run as one batch, padded to its longest pair; no batching across requests. Scores are the sigmoid
 of the logit, best first, as TEI answers.
 
-With WORKERS=1 INTRA_OP_THREADS=0 it is the same server with default settings (one process, ONNX Runtime's own
+With uvicorn's --workers 1 and INTRA_OP_THREADS=0 it is the same server with default settings (one process, ONNX Runtime's own
 thread count).
 
 Run: MODEL=.cache/bench-models/reranker-bench/model.onnx TOKENIZER=.cache/bench-models/reranker-bench/tokenizer.json \

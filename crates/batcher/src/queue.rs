@@ -160,7 +160,7 @@ impl Queue {
     pub(crate) fn admit(&self, request: InferRequest) -> Result<(Vec<Answer>, usize), BatchError> {
         if request.hidden_states && !self.model.metadata.text.as_ref().is_some_and(|t| t.hidden_states) {
             return Err(BatchError::InvalidInput(format!(
-                "model `{}` gives no per-token states: only a text embedding model does",
+                "model `{}` gives no per-token states: its engine has none",
                 self.model.name
             )));
         }

@@ -34,8 +34,8 @@ pub struct InferRequest {
     /// and the span of the batch that runs it follows from it.
     pub span: tracing::Span,
     /// A text request for each token's final state ([`inferd_core::Engine::run_hidden`]) rather than the model's
-    /// outputs. It batches only with others that want them too, and is answered one FP32 `[1, seq, dim]` output
-    /// per sequence, `seq` being its batch's padded length.
+    /// outputs. It batches only with others that want them too, and is answered one FP32 `[rows, seq, dim]` output
+    /// per piece (a text request: per sequence), in order, `seq` being its batch's padded length.
     pub hidden_states: bool,
 }
 

@@ -343,8 +343,11 @@ fn text_graph(
         output.shape.last().and_then(|&d| usize::try_from(d).ok()).ok_or_else(|| {
             bad(format!("output `{}` has no fixed embedding length: {:?}", output.name, output.shape))
         })?;
+    // The per-token states: the embedding output itself when it is a hidden state, else the first one the graph
+    // gives beside its pooled output.
     let hidden = match config.task.scores() {
         true => None,
+        false if output.shape.len() == 3 => Some(output.clone()),
         false => outputs.iter().filter(is_float).find(|s| s.shape.len() == 3).cloned(),
     };
     Ok((TextGraph { output: output.clone(), pooling, hidden, mask }, dimensions))

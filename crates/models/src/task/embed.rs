@@ -68,6 +68,14 @@ impl EmbedTask {
         }
         let lengths: Vec<usize> =
             sequences.iter().map(|s| s.first().and_then(|t| t.shape().get(1)).copied().unwrap_or(0)).collect();
+        let values = tokens.saturating_mul(self.front.info.dimensions);
+        if values > PER_TOKEN_MAX_VALUES {
+            return Err(TaskError::OverLimit(format!(
+                "a vector per token for these texts is {values} values ({tokens} tokens of {}); a request may ask for \
+                 at most {PER_TOKEN_MAX_VALUES}: send fewer or shorter texts",
+                self.front.info.dimensions
+            )));
+        }
         Ok(Prepared {
             request: InferRequest::sequences(sequences).with_deadline(deadline).with_hidden_states(),
             finish: Box::new(move |states| {
@@ -84,6 +92,10 @@ impl EmbedTask {
         })
     }
 }
+
+/// The most values a per-token answer may hold: 16 Mi (64 MiB as FP32, some 200 MB as JSON). Each text's states
+/// are up to `max_seq_len × dim` values, so a request of many long texts could otherwise ask for gigabytes.
+pub const PER_TOKEN_MAX_VALUES: usize = 1 << 24;
 
 /// The first `len` positions of one sequence's states `FP32 [1, seq, dim]`, as `[len, dim]`.
 fn first_positions(states: &Tensor, len: usize) -> Result<Tensor, TaskError> {

@@ -26,6 +26,11 @@ fn tokenizer_file(dir: &Path) -> std::path::PathBuf {
 }
 
 fn task(dir: &Path, max_seq_len: usize) -> EmbedTask {
+    task_with(dir, max_seq_len, 2, false)
+}
+
+/// An embed task of `dimensions`-long vectors whose engine gives per-token states when `hidden_states`.
+fn task_with(dir: &Path, max_seq_len: usize, dimensions: usize, hidden_states: bool) -> EmbedTask {
     let spec = |name: &str| TensorSpec { name: name.into(), datatype: DataType::Int64, shape: vec![-1, -1] };
     let engine = ModelMetadata {
         inputs: vec![spec(INPUT_IDS), spec(ATTENTION_MASK), spec(TOKEN_TYPE_IDS)],
@@ -38,11 +43,11 @@ fn task(dir: &Path, max_seq_len: usize) -> EmbedTask {
             max_seq_len,
             pooling: Pooling::Mean,
             normalize: true,
-            dimensions: 2,
+            dimensions,
             vocab_size: None,
             labels: Vec::new(),
             multi_label: false,
-            hidden_states: false,
+            hidden_states,
         }),
     };
     EmbedTask::load(&engine).expect("loads")
@@ -143,4 +148,30 @@ fn the_answer_is_normalised_unless_the_request_says_not_and_counts_tokens() {
     plain.normalize = Some(false);
     let prepared = task.prepare(Request::new(Input::Text(plain)), 8).expect("prepared");
     assert_eq!((prepared.finish)(raw()).expect("answer").tensors[0].to_vec::<f32>().expect("v"), [3.0, 4.0, 0.0, 2.0]);
+}
+
+#[test]
+fn a_per_token_answer_is_cut_to_each_texts_tokens_and_bounded_in_size() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let per_token = |texts: &[&str]| {
+        let strings = Texts::Strings(texts.iter().map(|t| (*t).to_owned()).collect());
+        Request::new(Input::Text(TextInput { per_token: true, ..TextInput::new(strings) }))
+    };
+    let refused = task(dir.path(), 16).prepare(per_token(&["fast"]), 8).expect_err("no states");
+    assert!(matches!(&refused, TaskError::Invalid(m) if m.contains("no vector per token")), "{refused}");
+
+    let task = task_with(dir.path(), 16, 2, true);
+    let prepared = task.prepare(per_token(&["is fast", "fast"]), 8).expect("prepared");
+    // Both sequences came back padded to 4 positions; each is cut to its own tokens.
+    let padded = |first: f32| Tensor::from_slice(vec![1, 4, 2], &[first, 1.0, 2.0, 3.0, 4.0, 5.0, 9.0, 9.0]);
+    let answer = (prepared.finish)(vec![padded(0.0).expect("tensor"), padded(7.0).expect("tensor")]).expect("answer");
+    let shapes: Vec<Vec<usize>> = answer.tensors.iter().map(|t| t.shape().to_vec()).collect();
+    assert_eq!(shapes, vec![vec![4, 2], vec![3, 2]]);
+    assert_eq!(answer.tensors[1].to_vec::<f32>().expect("values"), [7.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+
+    // 3 tokens of 4 Mi values fit under the 16 Mi cap; 6 do not.
+    let wide = task_with(dir.path(), 16, 1 << 22, true);
+    assert!(wide.prepare(per_token(&["fast"]), 8).is_ok());
+    let refused = wide.prepare(per_token(&["dynamic batching is fast"]), 8).expect_err("too large");
+    assert!(matches!(&refused, TaskError::OverLimit(m) if m.contains("at most 16777216")), "{refused}");
 }

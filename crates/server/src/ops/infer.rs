@@ -97,16 +97,28 @@ pub async fn infer(
     })?;
     // Preparing may have run on the blocking pool: the request's span is this task's.
     request.span = tracing::Span::current();
+    let per_token = request.hidden_states;
     let out = model.batcher.infer(request).await?;
     let finish = prepared.finish;
     let engine = model.clone();
     let answer = off_runtime_if(encodes_large(&out.outputs), move || {
-        // The engine's own outputs are checked, before the task's step makes an answer of them.
-        if !allow_non_finite {
+        // The engine's own outputs are checked, before the task's step makes an answer of them; per-token states
+        // after it, once cut to the tokens the client sees (padded positions may hold anything).
+        if !allow_non_finite && !per_token {
             let specs = &engine.engine_metadata().outputs;
             refuse_non_finite(&out.outputs, specs, "output").map_err(TaskError::Internal)?;
         }
-        finish(out.outputs)
+        let answer = finish(out.outputs)?;
+        if let Some((text, (i, value))) = answer
+            .tensors
+            .iter()
+            .enumerate()
+            .filter(|_| per_token && !allow_non_finite)
+            .find_map(|(text, t)| t.first_non_finite().map(|found| (text, found)))
+        {
+            return Err(TaskError::Internal(format!("text {text}'s per-token states: element {i} is {value}")));
+        }
+        Ok(answer)
     })
     .await??;
     Ok(Served { answer, batch_rows: out.batch_rows, queue_time: out.queue_time, compute_time: out.compute_time })

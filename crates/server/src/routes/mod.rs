@@ -43,8 +43,9 @@ pub enum InputsKind {
 }
 
 /// The kind of a JSON object body's `inputs`: `None` when the body is not an object, has an `input` first (the
-/// seed's), or has no `inputs`. Reads only up to the start of that value (skipping the keys before it), so a large
-/// body is not parsed twice: its full decode runs off the async runtime, and this runs on it.
+/// seed's), or has no `inputs`. Reads no further than that value's first token (a text is read whole; a list or
+/// object only opened), skipping the keys before it, so a large body is not parsed twice: its full decode runs off
+/// the async runtime, and this runs on it.
 pub fn inputs_kind(body: &[u8]) -> Option<InputsKind> {
     use std::cell::Cell;
 

@@ -304,6 +304,12 @@ pub struct SimilarityInputs {
 pub struct SimilarityParameters {
     #[serde(default)]
     truncate: Option<bool>,
+    /// Which end of a long text is cut (default `right`).
+    #[serde(default)]
+    truncation_direction: Option<TruncationDirection>,
+    /// A sentence-transformers prompt to prepend: refused, as inferd reads no prompts.
+    #[serde(default)]
+    prompt_name: Option<String>,
 }
 
 tei_routes! {
@@ -327,8 +333,14 @@ pub(super) async fn similarity(
             return Err(CodecError::Invalid("`inputs.sentences` is empty: there is nothing to compare".into()));
         }
         let texts = std::iter::once(source_sentence).chain(sentences).collect();
-        let truncate = request.parameters.unwrap_or_default().truncate.unwrap_or(true);
-        let input = TextInput { truncate, normalize: Some(true), ..TextInput::new(Texts::Strings(texts)) };
+        let parameters = request.parameters.unwrap_or_default();
+        no_prompt(parameters.prompt_name.as_deref())?;
+        let input = TextInput {
+            truncate: parameters.truncate.unwrap_or(true),
+            truncate_left: parameters.truncation_direction.is_some_and(TruncationDirection::is_left),
+            normalize: Some(true),
+            ..TextInput::new(Texts::Strings(texts))
+        };
         Ok((Request::new(Input::Text(input)), ()))
     };
     serve_json(&state, &model, &hold, "similarity", body, build, |served, ()| {
