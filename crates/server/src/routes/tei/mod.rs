@@ -115,7 +115,7 @@ pub(crate) fn json_body<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> 
 pub struct EmbedRequest {
     /// One text, several, or token ids as lists of integers.
     inputs: TextsInput,
-    /// Unit-length embeddings (default true, as TEI).
+    /// Unit-length embeddings (default true, as TEI); `/embed_all` does not read it, as TEI does not.
     #[serde(default = "yes")]
     normalize: bool,
     /// Cut texts longer than the model takes (default true); `false` refuses them with a 400.
@@ -202,76 +202,64 @@ tei_routes! {
 }
 
 pub(super) async fn embed(
-    State(state): State<AppState>,
+    state: State<AppState>,
     model: Result<RoutedModel, AppError>,
-    InflightHold(hold): InflightHold,
+    hold: InflightHold,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, TeiFailure> {
-    let model = model?.serving(state.registry())?;
-    let body = body.map_err(body_error)?;
-    let build = |request: EmbedRequest| {
-        no_prompt(request.prompt_name.as_deref())?;
-        let input = TextInput {
-            truncate: request.truncate.unwrap_or(true),
-            truncate_left: request.truncation_direction.is_some_and(TruncationDirection::is_left),
-            normalize: Some(request.normalize),
-            ..TextInput::new(request.inputs.into())
-        };
-        Ok((Request::new(Input::Text(input)), ()))
-    };
-    serve_json(&state, &model, &hold, "embed", body, build, |served, ()| {
-        let embeddings = served.answer.tensors.first().ok_or_else(|| CodecError::Encode("no embeddings".into()))?;
-        json_body(&crate::codec::json::NestedJson(embeddings))
-    })
-    .await
-}
-
-/// A TEI embed_all request: each token's vector.
-#[derive(Deserialize, utoipa::ToSchema)]
-pub struct EmbedAllRequest {
-    /// One text, several, or token ids as lists of integers.
-    inputs: TextsInput,
-    /// Cut texts longer than the model takes (default true); `false` refuses them with a 400.
-    #[serde(default)]
-    truncate: Option<bool>,
-    /// Which end of a long text is cut (default `right`).
-    #[serde(default)]
-    truncation_direction: Option<TruncationDirection>,
-    /// A sentence-transformers prompt to prepend: refused, as inferd reads no prompts.
-    #[serde(default)]
-    prompt_name: Option<String>,
+    embed_texts(state, model, hold, body, false).await
 }
 
 tei_routes! {
     embed_all_default at "/embed_all", embed_all_named at "/models/{model}/embed_all" => embed_all;
     docs "Each token's vector, special tokens included, for the default embedding model."
         "Each token's vector, special tokens included, for the named model.";
-    tag "embeddings"; body EmbedAllRequest; answer "For each input, a vector per token" Vec<Vec<Vec<f32>>>
+    tag "embeddings"; body EmbedRequest; answer "For each input, a vector per token" Vec<Vec<Vec<f32>>>
 }
 
 /// The encoder's last hidden state, unpooled and unnormalised, as TEI's `/embed_all` gives it (its clients' own
 /// `normalize` is not read, as TEI does not).
 async fn embed_all(
+    state: State<AppState>,
+    model: Result<RoutedModel, AppError>,
+    hold: InflightHold,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, TeiFailure> {
+    embed_texts(state, model, hold, body, true).await
+}
+
+/// `/embed` (one vector per text), or `/embed_all` (one per token) when `per_token`: the same request body.
+async fn embed_texts(
     State(state): State<AppState>,
     model: Result<RoutedModel, AppError>,
     InflightHold(hold): InflightHold,
     body: Result<Bytes, BytesRejection>,
+    per_token: bool,
 ) -> Result<Response, TeiFailure> {
     let model = model?.serving(state.registry())?;
     let body = body.map_err(body_error)?;
-    let build = |request: EmbedAllRequest| {
+    let build = move |request: EmbedRequest| {
         no_prompt(request.prompt_name.as_deref())?;
         let input = TextInput {
             truncate: request.truncate.unwrap_or(true),
             truncate_left: request.truncation_direction.is_some_and(TruncationDirection::is_left),
-            per_token: true,
+            normalize: (!per_token).then_some(request.normalize),
+            per_token,
             ..TextInput::new(request.inputs.into())
         };
         Ok((Request::new(Input::Text(input)), ()))
     };
-    serve_json(&state, &model, &hold, "embed_all", body, build, |served, ()| {
-        let texts: Vec<_> = served.answer.tensors.iter().map(crate::codec::json::NestedJson).collect();
-        json_body(&texts)
+    let what = if per_token { "embed_all" } else { "embed" };
+    serve_json(&state, &model, &hold, what, body, build, move |served, ()| {
+        let tensors = &served.answer.tensors;
+        match per_token {
+            // One `[tokens, dim]` tensor per text.
+            true => json_body(&tensors.iter().map(crate::codec::json::NestedJson).collect::<Vec<_>>()),
+            false => {
+                let embeddings = tensors.first().ok_or_else(|| CodecError::Encode("no embeddings".into()))?;
+                json_body(&crate::codec::json::NestedJson(embeddings))
+            }
+        }
     })
     .await
 }
