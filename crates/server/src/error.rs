@@ -95,6 +95,17 @@ impl AppError {
         self.kind.status()
     }
 
+    /// The same error as a task's step sees it (the in-flight budget refusing a decoded picture, say), so that it
+    /// comes back out as itself.
+    pub fn into_task_error(self) -> TaskError {
+        match self.kind {
+            ErrorKind::BadRequest => TaskError::Invalid(self.message),
+            ErrorKind::PayloadTooLarge => TaskError::OverLimit(self.message),
+            ErrorKind::Unavailable | ErrorKind::Overloaded => TaskError::Busy(self.message),
+            _ => TaskError::Internal(self.message),
+        }
+    }
+
     /// The same error, its message saying which model it concerns.
     pub fn in_model(self, model: &str) -> Self {
         AppError { kind: self.kind, message: format!("model `{model}`: {}", self.message) }
@@ -117,6 +128,7 @@ impl From<TaskError> for AppError {
         let kind = match e {
             TaskError::Invalid(_) => ErrorKind::BadRequest,
             TaskError::OverLimit(_) => ErrorKind::PayloadTooLarge,
+            TaskError::Busy(_) => ErrorKind::Unavailable,
             TaskError::Internal(_) => ErrorKind::Internal,
         };
         AppError::new(kind, e.to_string())

@@ -2,6 +2,7 @@
 //! whole configuration and reads it; each section's types live in their own file.
 
 mod batching;
+mod image;
 mod kinds;
 mod options;
 mod tensor_spec;
@@ -15,6 +16,10 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 
 pub use batching::{BatchingConfig, DEFAULT_MAX_BATCH_TOKENS, MAX_BATCH_SIZE_LIMIT};
+pub use image::{
+    Anchor, Channels, Filter, ImageConfig, Labels, Layout, OutputConfig, OutputKind, Resize, DEFAULT_MAX_PIXELS,
+    MAX_IMAGE_SIDE,
+};
 pub use kinds::{Backend, DeviceSpec, Pooling, Precision, Task};
 pub use options::{CandleOptions, OnnxOptions, TextOverrides, DEFAULT_TEXT_WEIGHTS};
 pub use tensor_spec::TensorSpec;
@@ -60,6 +65,10 @@ pub struct ModelConfig {
     /// A text model's settings from `model.toml`; the folder's own files fill in what they leave out.
     pub text: TextOverrides,
     pub warmup: WarmupConfig,
+    /// A vision model's preprocessing: it takes encoded pictures.
+    pub image: Option<ImageConfig>,
+    /// A vision model's post-processing, by output name (`[output.NAME]`); a labels file is resolved against `dir`.
+    pub postprocess: Vec<(String, OutputConfig)>,
 }
 
 #[derive(Deserialize)]
@@ -76,8 +85,8 @@ struct RawModelConfig {
     batching: BatchingConfig,
     #[serde(default)]
     input: Vec<TensorSpec>,
-    #[serde(default)]
-    output: Vec<TensorSpec>,
+    /// `[[output]]` tensors, or `[output.NAME]` post-processing tables.
+    output: Option<toml::Value>,
     #[serde(default)]
     onnx: OnnxOptions,
     candle: Option<CandleOptions>,
@@ -92,6 +101,7 @@ struct RawModelConfig {
     warmup: WarmupConfig,
     #[serde(default)]
     version_policy: VersionPolicy,
+    image: Option<ImageConfig>,
 }
 
 fn one() -> usize {
@@ -157,6 +167,28 @@ impl ModelConfig {
             }
             (candle, _, _) => candle,
         };
+        let (outputs, postprocess) = match raw.output {
+            None => (Vec::new(), Vec::new()),
+            Some(toml::Value::Array(specs)) => {
+                let specs = toml::Value::Array(specs)
+                    .try_into()
+                    .map_err(|e| fail(format!("output: {}", one_line(&e.to_string()))))?;
+                (specs, Vec::new())
+            }
+            Some(toml::Value::Table(tables)) => {
+                let mut postprocess = Vec::with_capacity(tables.len());
+                for (name, table) in tables {
+                    let mut output: OutputConfig =
+                        table.try_into().map_err(|e| fail(format!("output.{name}: {}", one_line(&e.to_string()))))?;
+                    if let Some(Labels::File(file)) = &output.labels {
+                        output.labels = Some(Labels::File(dir.join(file)));
+                    }
+                    postprocess.push((name, output));
+                }
+                (Vec::new(), postprocess)
+            }
+            Some(_) => return Err(fail("output: [[output]] tensors, or [output.NAME] tables".into())),
+        };
         let config = ModelConfig {
             name: name.to_owned(),
             version,
@@ -170,7 +202,7 @@ impl ModelConfig {
             instances: raw.instances,
             batching: raw.batching,
             inputs: raw.input,
-            outputs: raw.output,
+            outputs,
             onnx: raw.onnx,
             candle,
             task: raw.task,
@@ -193,6 +225,8 @@ impl ModelConfig {
                     .collect(),
                 ..raw.warmup
             },
+            image: raw.image,
+            postprocess,
         };
         config.validate().map_err(fail)?;
         Ok(config)
@@ -286,6 +320,18 @@ impl ModelConfig {
             return Err(
                 "warmup.inputs: a text model warms with texts of its longest length; only `skip` applies".into()
             );
+        }
+        if let Some(image) = &self.image {
+            image.validate()?;
+            if self.task != Task::Tensors {
+                return Err("image: a vision model's task is the default, `tensors`".into());
+            }
+        }
+        if !self.postprocess.is_empty() && self.image.is_none() {
+            return Err("output.NAME tables (post-processing) belong to vision models: add an [image] table".into());
+        }
+        for (name, output) in &self.postprocess {
+            output.validate(name)?;
         }
         for (name, input) in &self.warmup.inputs {
             let count = input.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
@@ -449,5 +495,53 @@ mod tests {
         let c = ModelConfig::load(&model_dir).expect("valid");
         assert_eq!(c.name, "resnet-50");
         assert_eq!(c.file, model_dir.join("model.onnx"));
+    }
+
+    #[test]
+    fn a_vision_model_reads_its_image_and_output_tables() {
+        let c = parse(
+            "backend = \"onnx\"\nfile = \"m.onnx\"\n[image]\nresize = \"letterbox\"\nanchor = \"top-left\"\n\
+             mean = [0.485, 0.456, 0.406]\nstd = 0.5\n[output.output0]\nkind = \"detection\"\n\
+             labels = \"labels.txt\"\n[output.probs]\nkind = \"classification\"\nlabels = [\"a\", \"b\"]\n",
+        );
+        let err = c.expect_err("std is a list").to_string();
+        assert!(err.contains("std"), "{err}");
+        let c = parse(
+            "backend = \"onnx\"\nfile = \"m.onnx\"\n[image]\nresize = \"letterbox\"\nanchor = \"top-left\"\n\
+             std = [0.5]\n[output.output0]\nkind = \"detection\"\nlabels = \"labels.txt\"\n\
+             [output.probs]\nkind = \"classification\"\nlabels = [\"a\", \"b\"]\n",
+        )
+        .expect("valid");
+        let image = c.image.expect("image");
+        assert_eq!((image.resize, image.anchor, image.pad_value), (Resize::Letterbox, Anchor::TopLeft, 114));
+        assert_eq!(image.mean_std(2), (0.0, 0.5));
+        assert_eq!(c.postprocess.len(), 2);
+        let (name, detection) = &c.postprocess[0];
+        assert_eq!((name.as_str(), detection.kind, detection.iou), ("output0", OutputKind::Detection, 0.45));
+        assert_eq!(detection.labels, Some(Labels::File(PathBuf::from("/models/m/labels.txt"))));
+        assert_eq!(c.postprocess[1].1.labels, Some(Labels::Names(vec!["a".into(), "b".into()])));
+    }
+
+    #[test]
+    fn image_settings_that_cannot_work_are_refused() {
+        let base = "backend = \"onnx\"\nfile = \"m.onnx\"\n";
+        let cases = [
+            (format!("{base}[image]\nmean = [1.0, 2.0]"), "image.mean: one value, or one per channel (3)"),
+            (format!("{base}[image]\nstd = [0.0]"), "image.std: must not be 0"),
+            (format!("{base}[image]\nshorter_side = 256"), "only applies with resize = \"crop\""),
+            (format!("{base}[image]\nresize = \"multiple\"\nwidth = 32"), "keeps each picture's own size"),
+            (format!("{base}[image]\nwidth = 0"), "image.width: must be between 1"),
+            (format!("{base}[image]\nresize = \"fit\""), "unknown variant `fit`"),
+            (format!("{base}[output.y]\nkind = \"classification\""), "add an [image] table"),
+            (format!("{base}[image]\n[output.y]\nkind = \"boxes\""), "output.y: unknown variant `boxes`"),
+            (format!("{base}[image]\n[output.y]\nkind = \"detection\"\niou = 2.0"), "output.y.iou"),
+            (format!("{base}[[output]]\nname = \"y\"\ndatatype = \"FLOAT\"\nshape = [-1]"), "unknown datatype"),
+            ("backend = \"candle\"\ntask = \"embed\"\n[image]\n".to_owned(), "task is the default"),
+        ];
+        for (text, expected) in cases {
+            let err = error_of(&text);
+            assert!(err.contains(expected), "{text:?}: expected {expected:?} in {err:?}");
+            assert!(!err.contains('\n'), "one line: {err:?}");
+        }
     }
 }

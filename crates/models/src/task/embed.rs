@@ -87,7 +87,7 @@ impl EmbedTask {
                     )));
                 }
                 let tensors = states.iter().zip(&lengths).map(|(t, &len)| first_positions(t, len));
-                Ok(Answer { tensors: tensors.collect::<Result<_, _>>()?, tokens })
+                Ok(Answer::tensors(tensors.collect::<Result<_, _>>()?, tokens))
             }),
         })
     }
@@ -128,6 +128,9 @@ impl Task for EmbedTask {
                     "it embeds text (its task is `embed`): it does not rerank or classify".into(),
                 ))
             }
+            Input::Images(_) => {
+                return Err(TaskError::Invalid("it embeds text (its task is `embed`): it takes no pictures".into()))
+            }
         };
         if matches!(input.texts, Texts::Pairs(_)) {
             return Err(TaskError::Invalid("it embeds single texts: it takes no pairs of texts".into()));
@@ -150,7 +153,7 @@ impl Task for EmbedTask {
                 if normalize {
                     tensors = tensors.iter().map(normalize_rows).collect::<Result<_, _>>()?;
                 }
-                Ok(Answer { tensors, tokens })
+                Ok(Answer::tensors(tensors, tokens))
             }),
         })
     }

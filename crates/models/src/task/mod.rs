@@ -3,6 +3,7 @@
 //! they never see a task's insides. A new task is one new type implementing [`Task`], and one line in [`for_model`].
 
 mod embed;
+mod image;
 mod score;
 mod tensors;
 mod text;
@@ -14,25 +15,41 @@ use inferd_batcher::InferRequest;
 use inferd_core::{ModelConfig, ModelMetadata, Tensor};
 
 pub use self::embed::{EmbedTask, TEXT_INPUT};
+pub use self::image::{triton_classification, Class, Detection, ImageTask, Picture, Reading};
 pub use self::score::{ScoreTask, QUERY_INPUT, SCORES_OUTPUT, SCORE_OUTPUT};
 pub use self::tensors::TensorTask;
 
+/// Holds `bytes` more of the server's in-flight budget for a request, or refuses it.
+pub type Reserve = Arc<dyn Fn(usize) -> Result<(), TaskError> + Send + Sync>;
+
 /// What a client asks of a model, in the form a protocol decoded it into.
-#[derive(Debug)]
 pub struct Request {
     pub input: Input,
     /// The latest instant the request may start running.
     pub deadline: Option<Instant>,
+    /// Called by a task before it allocates much for the request (a decoded picture); none: nothing is counted.
+    pub reserve: Option<Reserve>,
 }
 
 impl Request {
     pub fn new(input: Input) -> Self {
-        Request { input, deadline: None }
+        Request { input, deadline: None, reserve: None }
     }
 
     pub fn with_deadline(mut self, deadline: Option<Instant>) -> Self {
         self.deadline = deadline;
         self
+    }
+
+    pub fn with_reserve(mut self, reserve: Reserve) -> Self {
+        self.reserve = Some(reserve);
+        self
+    }
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request").field("input", &self.input).field("deadline", &self.deadline).finish_non_exhaustive()
     }
 }
 
@@ -46,6 +63,8 @@ pub enum Input {
     Text(TextInput),
     /// Texts, or pairs of texts, to score: a reranker's (query, passage) pairs, a classifier's texts.
     Score(TextInput),
+    /// Encoded pictures (JPEG, PNG, …) for a vision model, as sent.
+    Images(Vec<bytes::Bytes>),
 }
 
 /// Texts to embed or score, and how.
@@ -124,6 +143,15 @@ pub struct Answer {
     pub tensors: Vec<Tensor>,
     /// Text models: the tokens the request took, special tokens included; 0 otherwise.
     pub tokens: usize,
+    /// Vision models: each picture's readings of the outputs (labels, boxes); empty otherwise.
+    pub pictures: Vec<Picture>,
+}
+
+impl Answer {
+    /// An answer of tensors alone.
+    pub fn tensors(tensors: Vec<Tensor>, tokens: usize) -> Self {
+        Answer { tensors, tokens, pictures: Vec::new() }
+    }
 }
 
 /// The step after the batcher, made by the step before it: it holds what the answer needs from the request.
@@ -160,6 +188,9 @@ pub enum TaskError {
     /// The request holds more than the server takes.
     #[error("{0}")]
     OverLimit(String),
+    /// The server is too busy for the request now: worth retrying.
+    #[error("{0}")]
+    Busy(String),
     /// The answer could not be made: ours.
     #[error("{0}")]
     Internal(String),
@@ -179,6 +210,16 @@ pub trait Task: Send + Sync + std::fmt::Debug {
     /// count as rows), and the step after it. May block when [`Task::prepare_is_heavy`].
     fn prepare(&self, request: Request, max_rows: usize) -> Result<Prepared, TaskError>;
 
+    /// Whether the model takes pictures (a vision model): the seed API then reads pictures from its body.
+    fn takes_images(&self) -> bool {
+        false
+    }
+
+    /// The class names of output `output` (by its index in [`Task::metadata`]), if the model has them.
+    fn labels(&self, _output: usize) -> Option<&[String]> {
+        None
+    }
+
     /// Each text's tokens as the model's tokenizer makes them, with its special tokens when `special`. Blocking.
     fn tokenize(&self, _texts: &[String], _special: bool) -> Result<Vec<Vec<Token>>, TaskError> {
         Err(TaskError::Invalid("it takes tensors, not text: it has no tokenizer".into()))
@@ -194,6 +235,7 @@ pub trait Task: Send + Sync + std::fmt::Debug {
 /// Blocking (a text model's tokenizer is read).
 pub fn for_model(config: &ModelConfig, engine: &ModelMetadata) -> anyhow::Result<Arc<dyn Task>> {
     Ok(match config.task {
+        inferd_core::Task::Tensors if config.image.is_some() => Arc::new(ImageTask::load(config, engine)?),
         inferd_core::Task::Tensors => Arc::new(TensorTask::new(engine.clone())),
         inferd_core::Task::Embed => Arc::new(EmbedTask::load(engine)?),
         inferd_core::Task::Rerank => Arc::new(ScoreTask::load(engine, true)?),

@@ -121,6 +121,9 @@ impl Task for ScoreTask {
                     if self.rerank { "rerank" } else { "classify" }
                 )));
             }
+            Input::Images(_) => {
+                return Err(TaskError::Invalid("it scores text: it takes no pictures (it has no [image] table)".into()))
+            }
         };
         let (sequences, tokens) =
             self.front.sequences(&input, max_rows, if self.rerank { "rerank" } else { "classify" })?;
@@ -130,7 +133,7 @@ impl Task for ScoreTask {
             request: InferRequest::sequences(sequences).with_deadline(request.deadline),
             finish: Box::new(move |tensors| {
                 let logits = tensors.first().ok_or_else(|| TaskError::Internal("the engine gave no logits".into()))?;
-                Ok(Answer { tensors: vec![scores(logits, activation, rerank)?], tokens })
+                Ok(Answer::tensors(vec![scores(logits, activation, rerank)?], tokens))
             }),
         })
     }

@@ -28,13 +28,16 @@ impl Task for TensorTask {
         match request.input {
             Input::Tensors(tensors) => Ok(Prepared {
                 request: InferRequest::new(tensors).with_deadline(request.deadline),
-                finish: Box::new(|tensors| Ok(Answer { tensors, tokens: 0 })),
+                finish: Box::new(|tensors| Ok(Answer::tensors(tensors, 0))),
             }),
             Input::Text(_) => {
                 Err(TaskError::Invalid("it does not embed text: it takes tensors (its task is not `embed`)".into()))
             }
             Input::Score(_) => Err(TaskError::Invalid(
                 "it does not score text: it takes tensors (its task is not `rerank` or `classify`)".into(),
+            )),
+            Input::Images(_) => Err(TaskError::Invalid(
+                "it takes tensors, not pictures: it has no [image] table in its model.toml".into(),
             )),
         }
     }

@@ -20,7 +20,7 @@ use crate::codec::grpc::proto::*;
 use crate::codec::grpc::{decode_infer, encode_infer};
 use crate::error::{AppError, ErrorKind};
 use crate::metrics::Protocol;
-use crate::ops::infer::{deadline_in, decode, encode, infer};
+use crate::ops::infer::{classify_outputs, deadline_in, decode, encode, infer};
 use crate::ops::models::{self, TritonModelConfig};
 use crate::ops::repository;
 use crate::registry::ModelEntry;
@@ -276,10 +276,11 @@ async fn infer_one(
     let deadline = [call.timeout.and_then(deadline_in), deadline.map(|d| d.0)].into_iter().flatten().min();
     let request = InferRequest::new(Input::Tensors(call.inputs)).with_deadline(deadline);
     let served = infer(state, &model, request, &hold).await?;
-    let (id, selection) = (call.id, call.outputs);
+    let (id, selection, classification) = (call.id, call.outputs, call.classification);
     let encoder = model.clone();
-    encode(served, move |served| {
+    encode(served, move |mut served| {
         let meta = encoder.metadata();
+        classify_outputs(&encoder, &mut served.answer.tensors, &classification)?;
         encode_infer(encoder.name(), encoder.version, id, meta, &served.answer.tensors, &selection)
     })
     .await

@@ -71,13 +71,18 @@ pub async fn encode<T: Send + 'static>(
 }
 
 /// Runs `request` on `model`: the task's step before the batcher, the batcher, the task's step after it. The
-/// request's decoded tensors count against `hold`, its share of the in-flight budget, until it is answered.
+/// request's decoded tensors (and a vision model's decoded pictures) count against `hold`, its share of the
+/// in-flight budget, until it is answered.
 pub async fn infer(
     state: &AppState,
     model: &Arc<LoadedModel>,
-    request: Request,
-    hold: &Hold,
+    mut request: Request,
+    hold: &Arc<Hold>,
 ) -> Result<Served, AppError> {
+    if request.reserve.is_none() {
+        let hold = hold.clone();
+        request.reserve = Some(Arc::new(move |bytes| hold.take(bytes).map_err(AppError::into_task_error)));
+    }
     let max_rows = state.limits().max_rows;
     let allow_non_finite = state.allow_non_finite();
     let large = matches!(&request.input, Input::Tensors(t) if tensor_bytes(t.iter()) > INLINE_WORK_BYTES);
@@ -122,6 +127,19 @@ pub async fn infer(
     })
     .await??;
     Ok(Served { answer, batch_rows: out.batch_rows, queue_time: out.queue_time, compute_time: out.compute_time })
+}
+
+/// Triton's classification extension: each output `(index, k)` of `asked` in `tensors` (the model's outputs, in
+/// order) replaced by its best `k` classes, `"score:index:label"` strings, labelled by the model's labels if it has
+/// them.
+pub fn classify_outputs(model: &LoadedModel, tensors: &mut [Tensor], asked: &[(usize, usize)]) -> Result<(), CodecError> {
+    for &(i, k) in asked {
+        let output = tensors.get(i).ok_or_else(|| CodecError::Encode(format!("the engine returned no output {i}")))?;
+        let name = model.metadata().outputs.get(i).map_or("", |s| s.name.as_str());
+        tensors[i] = inferd_models::triton_classification(output, k, model.task.labels(i))
+            .map_err(|e| CodecError::Invalid(format!("output `{}`: {e}", quoted(name))))?;
+    }
+    Ok(())
 }
 
 /// Whether answering with `tensors` is work for the blocking pool: their JSON text, at about 12 bytes a number,

@@ -5,6 +5,7 @@
 
 pub mod cohere;
 pub mod health;
+pub mod images;
 pub mod openai;
 pub mod predict;
 pub mod tei;

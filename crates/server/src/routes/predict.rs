@@ -1,6 +1,7 @@
 //! The seed's simple API: `POST /predict` (the default model) and `POST /models/{model}/predict`. A body whose
 //! `inputs` is a text or a list (TEI's `/predict`, which `tei-client` classifies with) rather than an object of
 //! named tensors is TEI's: it goes to the default classifier, or the named model, and is answered in TEI's shape.
+//! A picture (`Content-Type: image/*`, a multipart form, or base64 JSON for a vision model) goes to [`super::images`].
 
 use std::time::Instant;
 
@@ -82,11 +83,15 @@ async fn predict(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, AppError> {
     let body = body.map_err(body_error)?;
-    if is_tei(&body) {
+    let carrier = super::images::carrier(&headers)?;
+    if carrier.is_none() && is_tei(&body) {
         return Ok(tei_predict(&state, model, &hold, body).await.unwrap_or_else(IntoResponse::into_response));
     }
     let deadline = queue_deadline(&headers)?;
     let model = model?.serving(state.registry())?;
+    if carrier.is_some() || model.task.takes_images() {
+        return super::images::predict(&state, &model, &hold, carrier, body, deadline).await;
+    }
     let limits = *state.limits();
     let inputs = decode(&model, body.len(), move |meta| decode_predict(&body, &meta.inputs, &limits)).await?;
     let request = Request::new(Input::Tensors(inputs)).with_deadline(deadline);

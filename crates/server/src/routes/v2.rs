@@ -15,7 +15,7 @@ use utoipa_axum::routes;
 
 use crate::codec::v2::{decode_infer, encode_infer, V2InferRequest, V2InferResponse, JSON_LENGTH_HEADER};
 use crate::error::{body_error, AppError, ErrorBody, InferErrors};
-use crate::ops::infer::{deadline_in, decode, encode, infer};
+use crate::ops::infer::{classify_outputs, deadline_in, decode, encode, infer};
 use crate::ops::models::{self, ModelStats, TritonModelConfig, V2ModelMetadata, V2ServerMetadata};
 use crate::ops::repository::{self, V2IndexEntry};
 use crate::request::{InflightHold, RoutedModel};
@@ -236,10 +236,11 @@ async fn run_infer(
     let request = Request::new(Input::Tensors(call.inputs)).with_deadline(call.timeout.and_then(deadline_in));
     let served = infer(state, &model, request, &hold).await?;
     let mut headers = served.headers();
-    let (id, selection) = (call.id, call.outputs);
+    let (id, selection, classification) = (call.id, call.outputs, call.classification);
     let encoder = model.clone();
-    let (body, json_len) = encode(served, move |served| {
+    let (body, json_len) = encode(served, move |mut served| {
         let meta = encoder.metadata();
+        classify_outputs(&encoder, &mut served.answer.tensors, &classification)?;
         encode_infer(encoder.name(), encoder.version, id.as_deref(), meta, &served.answer.tensors, &selection)
     })
     .await?;

@@ -83,7 +83,7 @@ pub fn named_route() -> OpenApiRouter<AppState> {
 pub(crate) async fn serve_json<B, C>(
     state: &AppState,
     model: &Arc<LoadedModel>,
-    hold: &Hold,
+    hold: &Arc<Hold>,
     what: &'static str,
     body: Bytes,
     build: impl FnOnce(B) -> Result<(Request, C), CodecError> + Send + 'static,

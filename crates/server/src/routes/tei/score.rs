@@ -177,7 +177,7 @@ fn predict_inputs(inputs: &serde_json::Value) -> Result<(Texts, bool), CodecErro
 pub(crate) async fn predict(
     state: &AppState,
     model: &std::sync::Arc<inferd_models::LoadedModel>,
-    hold: &crate::budget::Hold,
+    hold: &std::sync::Arc<crate::budget::Hold>,
     body: Bytes,
 ) -> Result<Response, TeiFailure> {
     let labels = labels_of(model.metadata());

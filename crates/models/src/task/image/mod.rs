@@ -1,0 +1,283 @@
+//! The image task: a vision model (`[image]` in its `model.toml`) takes encoded pictures. Before the batcher each is
+//! decoded, resized and scaled into the model's input tensor ([`pixels`]); pictures of one request become one
+//! batch of rows, which batches with other requests' of the same size. After it, each output is answered as
+//! `[output.NAME]` says ([`readings`]): top-k classes, boxes, or the tensor. On the tensor protocols the image
+//! input is a `BYTES` tensor, one encoded file per element, and the outputs are the model's own.
+
+mod pixels;
+mod readings;
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use inferd_batcher::InferRequest;
+use inferd_core::{
+    DataType, ImageConfig, Labels, Layout, ModelConfig, ModelMetadata, OutputConfig, OutputKind, Resize,
+    Tensor, TensorSpec,
+};
+
+pub use self::pixels::Geometry;
+pub use self::readings::{triton_classification, Class, Detection, Reading};
+use super::{Answer, Input, Prepared, Request, Task, TaskError};
+
+/// A model that takes pictures.
+#[derive(Debug)]
+pub struct ImageTask {
+    metadata: ModelMetadata,
+    plan: Arc<Plan>,
+}
+
+/// What every request to the model shares: how pictures become the input, and how outputs become answers.
+#[derive(Debug)]
+struct Plan {
+    config: ImageConfig,
+    /// The input tensor's element type: UINT8, FP16 or FP32.
+    dtype: DataType,
+    /// The fixed tensor size (width, height); `None` with `resize = "multiple"`.
+    target: Option<(u32, u32)>,
+    /// Whether the model's input has a batch dimension (more than one picture a request).
+    batched: bool,
+    /// Per model output, in order: its post-processing, and its labels.
+    outputs: Vec<(Option<OutputConfig>, Option<Vec<String>>)>,
+}
+
+/// One picture's answer: its size, and one reading per model output, in the model's order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Picture {
+    pub width: u32,
+    pub height: u32,
+    pub readings: Vec<Reading>,
+}
+
+impl ImageTask {
+    /// The task of the vision model `config`, whose engine reports `engine`. Blocking (a labels file is read).
+    pub fn load(config: &ModelConfig, engine: &ModelMetadata) -> anyhow::Result<ImageTask> {
+        let image = config.image.clone().context("an image model needs an [image] table: this is a bug")?;
+        let [input] = engine.inputs.as_slice() else {
+            bail!("image: a vision model takes one input, the picture; this one takes {}", engine.inputs.len());
+        };
+        if let Some(name) = image.input.as_deref().filter(|&n| n != input.name) {
+            bail!("image.input: the model has no input `{name}`; its input is `{}`", input.name);
+        }
+        if ![DataType::Uint8, DataType::Fp16, DataType::Fp32].contains(&input.datatype) {
+            bail!("image: the input `{}` is {}; a picture becomes UINT8, FP16 or FP32", input.name, input.datatype);
+        }
+        let [_, a, b, c] = input.shape.as_slice() else {
+            bail!("image: the input `{}` has shape {:?}; a picture is [batch, C, H, W] or [batch, H, W, C]", input.name, input.shape);
+        };
+        let (channels, height, width) = match image.layout {
+            Layout::Nchw => (*a, *b, *c),
+            Layout::Nhwc => (*c, *a, *b),
+        };
+        let wanted = image.channels.count() as i64;
+        if channels != -1 && channels != wanted {
+            bail!(
+                "image.channels: the input `{}` has {channels} channels in its {:?} layout; {:?} gives {wanted}",
+                input.name,
+                image.layout,
+                image.channels
+            );
+        }
+        let side = |declared: Option<u32>, model: i64, name: &str| -> anyhow::Result<Option<u32>> {
+            match (declared, u32::try_from(model).ok()) {
+                (Some(d), Some(m)) if d != m => bail!("image.{name}: {d}, but the model's input is {m} pixels {name}"),
+                (Some(d), _) => Ok(Some(d)),
+                (None, m) => Ok(m),
+            }
+        };
+        let target = match image.resize {
+            Resize::Multiple => {
+                if width > 0 || height > 0 {
+                    bail!("image.resize: \"multiple\" is for a model whose height and width are dynamic");
+                }
+                None
+            }
+            _ => match (side(image.width, width, "width")?, side(image.height, height, "height")?) {
+                (Some(w), Some(h)) => Some((w, h)),
+                _ => bail!(
+                    "image.width, image.height: the model's input size is dynamic; say the size to resize to, or \
+                     resize = \"multiple\""
+                ),
+            },
+        };
+        if let (Resize::Crop, Some((w, h)), Some(s)) = (image.resize, target, image.shorter_side) {
+            if s < w.max(h) {
+                bail!("image.shorter_side: {s} is shorter than the {w} × {h} crop");
+            }
+        }
+        let mut outputs: Vec<(Option<OutputConfig>, Option<Vec<String>>)> = vec![(None, None); engine.outputs.len()];
+        for (name, output) in &config.postprocess {
+            let i = engine.outputs.iter().position(|o| &o.name == name).with_context(|| {
+                let names: Vec<&str> = engine.outputs.iter().map(|o| o.name.as_str()).collect();
+                format!("output.{name}: the model has no such output; its outputs are {names:?}")
+            })?;
+            let labels = match &output.labels {
+                None => None,
+                Some(Labels::Names(names)) => Some(names.clone()),
+                Some(Labels::File(path)) => Some(read_labels(path).with_context(|| format!("output.{name}.labels"))?),
+            };
+            let rank = engine.outputs[i].shape.len();
+            let want = match output.kind {
+                OutputKind::Classification => 2,
+                OutputKind::Detection => 3,
+                OutputKind::Raw => rank,
+            };
+            if rank != want {
+                bail!("output.{name}: a {:?} output is {want}-D with its batch; this one is {rank}-D", output.kind);
+            }
+            outputs[i] = (Some(output.clone()), labels);
+        }
+        let batched = input.shape[0] == -1;
+        let metadata = ModelMetadata {
+            inputs: vec![TensorSpec {
+                name: input.name.clone(),
+                datatype: DataType::Bytes,
+                shape: vec![if batched { -1 } else { 1 }],
+            }],
+            ..engine.clone()
+        };
+        let plan = Plan { config: image, dtype: input.datatype, target, batched, outputs };
+        Ok(ImageTask { metadata, plan: Arc::new(plan) })
+    }
+}
+
+/// A labels file: one name a line, blank lines at the end ignored.
+fn read_labels(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let labels: Vec<String> = text.trim_end().lines().map(|l| l.trim().to_owned()).collect();
+    if labels.is_empty() || labels.iter().any(String::is_empty) {
+        bail!("{}: one non-empty name a line", path.display());
+    }
+    Ok(labels)
+}
+
+impl Task for ImageTask {
+    fn metadata(&self) -> &ModelMetadata {
+        &self.metadata
+    }
+
+    fn prepare_is_heavy(&self) -> bool {
+        true
+    }
+
+    fn prepare(&self, request: Request, max_rows: usize) -> Result<Prepared, TaskError> {
+        let name = &self.metadata.inputs[0].name;
+        let tensor;
+        let files: Vec<&[u8]> = match &request.input {
+            Input::Images(files) => files.iter().map(|f| f.as_ref()).collect(),
+            Input::Tensors(tensors) => {
+                tensor = tensors.first().ok_or_else(|| TaskError::Invalid(format!("missing input `{name}`")))?;
+                tensor.byte_strings().unwrap_or_default().iter().map(Vec::as_slice).collect()
+            }
+            Input::Text(_) | Input::Score(_) => {
+                return Err(TaskError::Invalid("it takes pictures, not text (it is a vision model)".into()))
+            }
+        };
+        let plan = &self.plan;
+        if files.is_empty() {
+            return Err(TaskError::Invalid("no picture was sent".into()));
+        }
+        if files.len() > max_rows {
+            return Err(TaskError::OverLimit(format!(
+                "{} pictures: a request takes at most {max_rows} (--max-rows)",
+                files.len()
+            )));
+        }
+        if !plan.batched && files.len() > 1 {
+            return Err(TaskError::Invalid(format!(
+                "{} pictures: this model has no batch dimension and takes one picture a request",
+                files.len()
+            )));
+        }
+        let no_reserve = |_: usize| Ok(());
+        let reserve = request.reserve.as_deref().unwrap_or(&no_reserve);
+        let config = &plan.config;
+        let mut decoded = Vec::with_capacity(files.len());
+        for (i, file) in files.iter().enumerate() {
+            let picture = pixels::decode(file, i, config, reserve)?;
+            let size = pixels::planned_size(config, plan.target, picture.width, picture.height);
+            decoded.push((picture, size));
+        }
+        // Pictures of one request share the tensor's size: a dynamic model's are padded to the largest.
+        let canvas = plan.target.unwrap_or_else(|| {
+            decoded.iter().fold((1, 1), |(w, h), (_, (pw, ph))| (w.max(*pw), h.max(*ph)))
+        });
+        let (width, height) = canvas;
+        let channels = config.channels.count();
+        let per_picture = width as usize * height as usize * channels * plan.dtype.size().unwrap_or(1);
+        reserve(per_picture * decoded.len())?;
+        let mut data = Vec::with_capacity(per_picture * decoded.len());
+        let mut geometries = Vec::with_capacity(decoded.len());
+        for (picture, size) in decoded {
+            let (pixels, geometry) = pixels::fit(config, &picture, size, canvas)?;
+            drop(picture);
+            pixels::write(config, plan.dtype, &pixels, width, height, &mut data);
+            geometries.push(geometry);
+        }
+        let (w, h, c) = (width as usize, height as usize, channels);
+        let shape = match config.layout {
+            Layout::Nchw => vec![geometries.len(), c, h, w],
+            Layout::Nhwc => vec![geometries.len(), h, w, c],
+        };
+        let input = Tensor::new(plan.dtype, shape, data).map_err(|e| TaskError::Internal(e.to_string()))?;
+        let plan = self.plan.clone();
+        Ok(Prepared {
+            request: InferRequest::new(vec![input]).with_deadline(request.deadline),
+            finish: Box::new(move |outputs| {
+                let pictures = plan.read(&outputs, &geometries)?;
+                Ok(Answer { tensors: outputs, tokens: 0, pictures })
+            }),
+        })
+    }
+
+    fn takes_images(&self) -> bool {
+        true
+    }
+
+    fn labels(&self, output: usize) -> Option<&[String]> {
+        self.plan.outputs.get(output).and_then(|(_, labels)| labels.as_deref())
+    }
+}
+
+impl Plan {
+    /// Each picture's readings of the model's `outputs` (one row per picture).
+    fn read(&self, outputs: &[Tensor], geometries: &[Geometry]) -> Result<Vec<Picture>, TaskError> {
+        let pictures = geometries.len();
+        let mut answers: Vec<Picture> = geometries
+            .iter()
+            .map(|g| Picture { width: g.width, height: g.height, readings: Vec::with_capacity(outputs.len()) })
+            .collect();
+        for (output, (config, labels)) in outputs.iter().zip(&self.outputs) {
+            let kind = config.as_ref().map_or(OutputKind::Raw, |c| c.kind);
+            let labels = labels.as_deref();
+            let rows = match kind {
+                OutputKind::Raw => output
+                    .split_rows(&vec![1; pictures])
+                    .map_err(|e| TaskError::Internal(e.to_string()))?
+                    .into_iter()
+                    .map(Reading::Tensor)
+                    .collect::<Vec<_>>(),
+                OutputKind::Classification | OutputKind::Detection => {
+                    let config = config.as_ref().expect("a post-processed output has its config: this is a bug");
+                    let values = readings::floats(output)?;
+                    let per_row = values.len() / pictures.max(1);
+                    let mut rows = Vec::with_capacity(pictures);
+                    for (row, geometry) in values.chunks(per_row.max(1)).zip(geometries) {
+                        rows.push(match kind {
+                            OutputKind::Classification => Reading::Classes(readings::classify(row, config, labels)),
+                            _ => {
+                                let dims = (output.shape()[1], output.shape()[2]);
+                                Reading::Boxes(readings::detect(row, dims, config, labels, geometry)?)
+                            }
+                        });
+                    }
+                    rows
+                }
+            };
+            for (answer, reading) in answers.iter_mut().zip(rows) {
+                answer.readings.push(reading);
+            }
+        }
+        Ok(answers)
+    }
+}

@@ -1,0 +1,344 @@
+//! From an encoded picture to a vision model's input: the file's header checked, the picture decoded (JPEG, PNG,
+//! WebP, BMP) and turned upright by its EXIF orientation, resized to the model's size as `[image]` says, and its
+//! values scaled into the tensor's type and layout. Blocking CPU work: callers run it off the async runtime.
+
+use std::io::Cursor;
+
+use fast_image_resize as fir;
+use image::{DynamicImage, ImageDecoder, ImageReader};
+use inferd_core::half::f16;
+use inferd_core::{Anchor, Channels, DataType, Filter, ImageConfig, Layout, Resize};
+
+use super::super::TaskError;
+
+/// The formats decoded, as errors name them.
+pub const FORMATS: &str = "JPEG, PNG, WebP or BMP";
+
+/// Where a picture went in the tensor: what undoes the resize for boxes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Geometry {
+    /// The picture's own size, upright.
+    pub width: u32,
+    pub height: u32,
+    /// Tensor pixels per picture pixel, across and down.
+    pub scale_x: f32,
+    pub scale_y: f32,
+    /// Where the picture's top left corner is in the tensor (negative where it was cropped).
+    pub left: f32,
+    pub top: f32,
+}
+
+impl Geometry {
+    /// A point in the tensor's pixels as the picture's, kept inside the picture.
+    pub fn to_picture(&self, x: f32, y: f32) -> (f32, f32) {
+        let x = ((x - self.left) / self.scale_x).clamp(0.0, self.width as f32);
+        let y = ((y - self.top) / self.scale_y).clamp(0.0, self.height as f32);
+        (x, y)
+    }
+}
+
+/// A decoded, upright picture: 8-bit RGB or grey pixels, row by row.
+pub struct Decoded {
+    pub width: u32,
+    pub height: u32,
+    pub pixels: Vec<u8>,
+}
+
+/// Decodes picture `index` of a request. `reserve` holds its decoded bytes (from the header) before they are
+/// allocated; a picture over `max_pixels`, or not a picture, or a broken one, is the client's fault.
+pub fn decode(
+    file: &[u8],
+    index: usize,
+    config: &ImageConfig,
+    reserve: &dyn Fn(usize) -> Result<(), TaskError>,
+) -> Result<Decoded, TaskError> {
+    let invalid = |what: String| TaskError::Invalid(format!("picture {index}: {what}"));
+    if file.is_empty() {
+        return Err(invalid("the file is empty".into()));
+    }
+    let reader = ImageReader::new(Cursor::new(file))
+        .with_guessed_format()
+        .map_err(|e| invalid(format!("cannot read it: {e}")))?;
+    let format = match reader.format() {
+        Some(f @ (image::ImageFormat::Jpeg | image::ImageFormat::Png | image::ImageFormat::WebP))
+        | Some(f @ image::ImageFormat::Bmp) => f,
+        Some(other) => {
+            return Err(invalid(format!("{} pictures are not taken, only {FORMATS}", other.to_mime_type())));
+        }
+        None => return Err(invalid(format!("not a picture: the bytes are not {FORMATS}"))),
+    };
+    let name = format.to_mime_type();
+    if format == image::ImageFormat::Jpeg && !jpeg_is_whole(file) {
+        // The JPEG decoder makes up what is missing; Pillow and libjpeg refuse it, and so does this server.
+        return Err(invalid("the image/jpeg is truncated: it ends before its end-of-image marker".into()));
+    }
+    let mut decoder = reader.into_decoder().map_err(|e| invalid(format!("a broken {name} header: {e}")))?;
+    let (width, height) = decoder.dimensions();
+    let pixels = u64::from(width) * u64::from(height);
+    if pixels > config.max_pixels || width == 0 || height == 0 {
+        return Err(invalid(format!(
+            "it is {width} × {height} pixels; this model takes pictures of 1 to {} pixels (image.max_pixels)",
+            config.max_pixels
+        )));
+    }
+    reserve(usize::try_from(decoder.total_bytes()).unwrap_or(usize::MAX))?;
+    let orientation = decoder.orientation().unwrap_or(image::metadata::Orientation::NoTransforms);
+    let mut picture = DynamicImage::from_decoder(decoder)
+        .map_err(|e| invalid(format!("cannot decode the {name}, it is truncated or corrupt: {e}")))?;
+    picture.apply_orientation(orientation);
+    let (width, height) = (picture.width(), picture.height());
+    let rgb = picture.into_rgb8().into_raw();
+    let pixels = match config.channels {
+        Channels::Rgb | Channels::Bgr => rgb,
+        Channels::Grey => rgb.chunks_exact(3).map(|p| luma(p[0], p[1], p[2])).collect(),
+    };
+    Ok(Decoded { width, height, pixels })
+}
+
+/// Whether a JPEG file holds its end-of-image marker after its first scan. The segments before the scan are walked by
+/// their lengths (an EXIF thumbnail, itself a JPEG, has an end marker of its own); within a scan's coded data a 0xFF
+/// byte is always followed by 0x00 or a restart marker, so the end marker there is the real one.
+fn jpeg_is_whole(file: &[u8]) -> bool {
+    let mut at = 2; // past the start-of-image marker
+    while at + 4 <= file.len() {
+        if file[at] != 0xFF {
+            return true; // not a marker: the decoder says what is wrong
+        }
+        let marker = file[at + 1];
+        let length = usize::from(u16::from_be_bytes([file[at + 2], file[at + 3]]));
+        match marker {
+            0xFF => at += 1, // fill byte
+            0xD0..=0xD8 | 0x01 => at += 2,
+            0xDA => {
+                let coded = file.get(at + 2 + length..).unwrap_or_default();
+                return coded.windows(2).rev().any(|pair| pair == [0xFF, 0xD9]);
+            }
+            _ => at += 2 + length,
+        }
+    }
+    false
+}
+
+/// ITU-R 601 luma in Pillow's fixed point (its `L` mode), rather than the image crate's Rec. 709.
+fn luma(r: u8, g: u8, b: u8) -> u8 {
+    ((u32::from(r) * 19595 + u32::from(g) * 38470 + u32::from(b) * 7471 + 0x8000) >> 16) as u8
+}
+
+/// The tensor size a picture of `width` × `height` gets, before padding to a batch's largest (`multiple`), given the
+/// fixed `target` (width, height) of every other mode.
+pub fn planned_size(config: &ImageConfig, target: Option<(u32, u32)>, width: u32, height: u32) -> (u32, u32) {
+    match (config.resize, target) {
+        (Resize::Multiple, _) | (_, None) => {
+            let step = config.multiple_of.unwrap_or(1);
+            let longer = width.max(height);
+            let ratio = config.max_side.map_or(1.0, |m| (f64::from(m) / f64::from(longer)).min(1.0));
+            let round = |side: u32| {
+                let scaled = (f64::from(side) * ratio / f64::from(step)).round().max(1.0);
+                (scaled as u32).saturating_mul(step)
+            };
+            (round(width), round(height))
+        }
+        (_, Some(target)) => target,
+    }
+}
+
+/// A picture resized into a canvas of `canvas` (width, height) pixels filled with `pad_value`, and where it went.
+pub fn fit(config: &ImageConfig, picture: &Decoded, size: (u32, u32), canvas: (u32, u32)) -> Result<(Vec<u8>, Geometry), TaskError> {
+    let (w, h) = (picture.width, picture.height);
+    let (tw, th) = size;
+    let (fw, fh) = (f64::from(w), f64::from(h));
+    // (resized width, height; its top left corner in the canvas; the part of the resized picture kept)
+    let (rw, rh, left, top, crop) = match config.resize {
+        Resize::Stretch | Resize::Multiple => (tw, th, 0i64, 0i64, None),
+        Resize::Letterbox => {
+            let r = (f64::from(tw) / fw).min(f64::from(th) / fh);
+            let rw = ((fw * r).round() as u32).clamp(1, tw);
+            let rh = ((fh * r).round() as u32).clamp(1, th);
+            let (left, top) = match config.anchor {
+                Anchor::Center => (i64::from((tw - rw) / 2), i64::from((th - rh) / 2)),
+                Anchor::TopLeft => (0, 0),
+            };
+            (rw, rh, left, top, None)
+        }
+        Resize::Crop => {
+            let shorter = config.shorter_side.unwrap_or(tw.max(th));
+            let r = f64::from(shorter) / fw.min(fh);
+            let rw = ((fw * r) as u32).max(tw);
+            let rh = ((fh * r) as u32).max(th);
+            let (cx, cy) = ((rw - tw) / 2, (rh - th) / 2);
+            (rw, rh, -i64::from(cx), -i64::from(cy), Some((cx, cy)))
+        }
+    };
+    let channels = config.channels.count();
+    let resized = resize(config.filter, picture, channels, rw, rh)?;
+    let (cw, ch) = canvas;
+    let mut out = vec![config.pad_value; cw as usize * ch as usize * channels];
+    // Copy the kept rows of the resized picture into the canvas.
+    let (cx, cy) = crop.unwrap_or((0, 0));
+    let (kept_w, kept_h) = if crop.is_some() { (tw, th) } else { (rw, rh) };
+    let (ox, oy) = (left.max(0) as usize, top.max(0) as usize);
+    let row = kept_w as usize * channels;
+    for y in 0..kept_h as usize {
+        let from = ((cy as usize + y) * rw as usize + cx as usize) * channels;
+        let to = ((oy + y) * cw as usize + ox) * channels;
+        out[to..to + row].copy_from_slice(&resized[from..from + row]);
+    }
+    let geometry = Geometry {
+        width: w,
+        height: h,
+        scale_x: (f64::from(rw) / fw) as f32,
+        scale_y: (f64::from(rh) / fh) as f32,
+        left: left as f32,
+        top: top as f32,
+    };
+    Ok((out, geometry))
+}
+
+/// `picture` resampled to `width` × `height` with `filter`, antialiased when shrinking (as Pillow's `resize`).
+fn resize(filter: Filter, picture: &Decoded, channels: usize, width: u32, height: u32) -> Result<Vec<u8>, TaskError> {
+    if (width, height) == (picture.width, picture.height) {
+        return Ok(picture.pixels.clone());
+    }
+    let internal = |e: &dyn std::fmt::Display| TaskError::Internal(format!("resizing a picture: {e}"));
+    let pixel_type = if channels == 1 { fir::PixelType::U8 } else { fir::PixelType::U8x3 };
+    let src = fir::images::ImageRef::new(picture.width, picture.height, &picture.pixels, pixel_type)
+        .map_err(|e| internal(&e))?;
+    let mut dst = fir::images::Image::new(width, height, pixel_type);
+    let algorithm = match filter {
+        Filter::Nearest => fir::ResizeAlg::Nearest,
+        Filter::Bilinear => fir::ResizeAlg::Convolution(fir::FilterType::Bilinear),
+        Filter::Bicubic => fir::ResizeAlg::Convolution(fir::FilterType::CatmullRom),
+        Filter::Lanczos3 => fir::ResizeAlg::Convolution(fir::FilterType::Lanczos3),
+    };
+    fir::Resizer::new()
+        .resize(&src, &mut dst, &fir::ResizeOptions::new().resize_alg(algorithm))
+        .map_err(|e| internal(&e))?;
+    Ok(dst.into_vec())
+}
+
+/// Writes one canvas of `width` × `height` 8-bit pixels into `out` (the bytes of one picture's row of the tensor)
+/// as `dtype`, in `config`'s layout and channel order, scaled as it says.
+pub fn write(config: &ImageConfig, dtype: DataType, canvas: &[u8], width: u32, height: u32, out: &mut Vec<u8>) {
+    let channels = config.channels.count();
+    let plane = width as usize * height as usize;
+    // Tensor channel c reads canvas channel source[c].
+    let source = |c: usize| if config.channels == Channels::Bgr { 2 - c } else { c };
+    // The order the tensor's values are written in: (canvas index) for each element.
+    let index = |i: usize| match config.layout {
+        Layout::Nchw => {
+            let (c, p) = (i / plane, i % plane);
+            p * channels + source(c)
+        }
+        Layout::Nhwc => {
+            let (p, c) = (i / channels, i % channels);
+            p * channels + source(c)
+        }
+    };
+    let count = plane * channels;
+    match dtype {
+        DataType::Uint8 => out.extend((0..count).map(|i| canvas[index(i)])),
+        DataType::Fp32 | DataType::Fp16 => {
+            // One table per tensor channel: 256 values, rather than arithmetic per pixel.
+            let tables: Vec<[f32; 256]> = (0..channels)
+                .map(|c| {
+                    let (mean, std) = config.mean_std(c);
+                    std::array::from_fn(|v| (v as f32 * config.scale - mean) / std)
+                })
+                .collect();
+            let value = |i: usize| {
+                let c = match config.layout {
+                    Layout::Nchw => i / plane,
+                    Layout::Nhwc => i % channels,
+                };
+                tables[c][usize::from(canvas[index(i)])]
+            };
+            if dtype == DataType::Fp32 {
+                out.reserve(count * 4);
+                for i in 0..count {
+                    out.extend_from_slice(&value(i).to_le_bytes());
+                }
+            } else {
+                out.reserve(count * 2);
+                for i in 0..count {
+                    out.extend_from_slice(&f16::from_f32(value(i)).to_le_bytes());
+                }
+            }
+        }
+        // Refused when the model is loaded.
+        _ => unreachable!("an image input is UINT8, FP16 or FP32: checked at load, this is a bug"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> ImageConfig {
+        toml::from_str(text).expect("valid [image]")
+    }
+
+    fn picture(width: u32, height: u32) -> Decoded {
+        let pixels = (0..width * height * 3).map(|i| (i % 251) as u8).collect();
+        Decoded { width, height, pixels }
+    }
+
+    #[test]
+    fn letterbox_keeps_the_aspect_ratio_and_maps_boxes_back() {
+        let c = config("resize = \"letterbox\"");
+        let (canvas, g) = fit(&c, &picture(200, 100), (64, 64), (64, 64)).expect("fit");
+        assert_eq!(canvas.len(), 64 * 64 * 3);
+        assert_eq!((g.scale_x, g.scale_y, g.left, g.top), (0.32, 0.32, 0.0, 16.0));
+        // The padding above the picture holds the pad value.
+        assert!(canvas[..16 * 64 * 3].iter().all(|&v| v == 114));
+        assert_eq!(g.to_picture(32.0, 32.0), (100.0, 50.0));
+        assert_eq!(g.to_picture(64.0, 0.0), (200.0, 0.0));
+    }
+
+    #[test]
+    fn crop_cuts_the_centre_of_the_shorter_side_resized() {
+        let c = config("resize = \"crop\"\nshorter_side = 4");
+        let (canvas, g) = fit(&c, &picture(16, 8), (4, 4), (4, 4)).expect("fit");
+        assert_eq!(canvas.len(), 4 * 4 * 3);
+        assert_eq!((g.scale_x, g.left, g.top), (0.5, -2.0, 0.0));
+        assert_eq!(g.to_picture(2.0, 2.0), (8.0, 4.0));
+    }
+
+    #[test]
+    fn multiple_rounds_each_side_after_capping_the_longer() {
+        let c = config("resize = \"multiple\"\nmultiple_of = 32\nmax_side = 640");
+        assert_eq!(planned_size(&c, None, 1280, 720), (640, 352));
+        assert_eq!(planned_size(&c, None, 100, 10), (96, 32));
+    }
+
+    #[test]
+    fn values_are_scaled_per_channel_in_the_layout_asked() {
+        let c = config("channels = \"bgr\"\nmean = [0.0, 1.0, 2.0]\nstd = [0.5]\nscale = 1.0");
+        let canvas = [10u8, 20, 30, 40, 50, 60]; // two RGB pixels
+        let mut out = Vec::new();
+        write(&c, DataType::Fp32, &canvas, 2, 1, &mut out);
+        let values: Vec<f32> = out.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        // Channel 0 is blue (30, 60), channel 1 green less 1, channel 2 red less 2; all divided by 0.5.
+        assert_eq!(values, [60.0, 120.0, 38.0, 98.0, 16.0, 76.0]);
+        let c = config("layout = \"nhwc\"");
+        let mut out = Vec::new();
+        write(&c, DataType::Uint8, &canvas, 2, 1, &mut out);
+        assert_eq!(out, canvas);
+    }
+
+    #[test]
+    fn a_jpeg_without_its_end_marker_is_truncated() {
+        // Start of image, a comment segment holding an end marker, a scan header, coded data, end of image.
+        let whole = [0xFF, 0xD8, 0xFF, 0xFE, 0x00, 0x04, 0xFF, 0xD9, 0xFF, 0xDA, 0x00, 0x02, 0x12, 0xFF, 0x00, 0xFF, 0xD9];
+        assert!(jpeg_is_whole(&whole));
+        assert!(!jpeg_is_whole(&whole[..whole.len() - 2]));
+        assert!(!jpeg_is_whole(&whole[..8]));
+    }
+
+    #[test]
+    fn pillow_luma_weights() {
+        assert_eq!(luma(255, 255, 255), 255);
+        assert_eq!(luma(255, 0, 0), 76);
+        assert_eq!(luma(0, 255, 0), 150);
+        assert_eq!(luma(0, 0, 255), 29);
+    }
+}
