@@ -90,7 +90,11 @@ pub fn decode_infer(request: ModelInferRequest, meta: &ModelMetadata, limits: &L
             let k = match k.parameter_choice {
                 Some(ParameterChoice::Int64Param(k)) if k > 0 => k as usize,
                 Some(ParameterChoice::Uint64Param(k)) if k > 0 => k as usize,
-                _ => return Err(invalid(format!("output `{name}`: `classification` must be a count of classes, 1 or more"))),
+                _ => {
+                    return Err(invalid(format!(
+                        "output `{name}`: `classification` must be a count of classes, 1 or more"
+                    )))
+                }
             };
             classification.push((i, k));
         }

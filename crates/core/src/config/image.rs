@@ -95,8 +95,8 @@ pub enum Resize {
     /// Scaled to fit inside `width` × `height` keeping its aspect ratio, the rest padded with `pad_value`
     /// (YOLO-style detectors).
     Letterbox,
-    /// The shorter side to `shorter_side`, keeping the aspect ratio, then the centre `width` × `height` cut out
-    /// (ImageNet classifiers).
+    /// The shorter side to `shorter_side`, keeping the aspect ratio (the longer side rounded to the nearest pixel),
+    /// then the centre `width` × `height` cut out, its offsets rounded down (ImageNet classifiers).
     Crop,
     /// Its own size (at most `max_side`), each side then resized to a multiple of `multiple_of`: models with
     /// dynamic height and width (text detectors).

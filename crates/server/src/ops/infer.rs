@@ -132,7 +132,11 @@ pub async fn infer(
 /// Triton's classification extension: each output `(index, k)` of `asked` in `tensors` (the model's outputs, in
 /// order) replaced by its best `k` classes, `"score:index:label"` strings, labelled by the model's labels if it has
 /// them.
-pub fn classify_outputs(model: &LoadedModel, tensors: &mut [Tensor], asked: &[(usize, usize)]) -> Result<(), CodecError> {
+pub fn classify_outputs(
+    model: &LoadedModel,
+    tensors: &mut [Tensor],
+    asked: &[(usize, usize)],
+) -> Result<(), CodecError> {
     for &(i, k) in asked {
         let output = tensors.get(i).ok_or_else(|| CodecError::Encode(format!("the engine returned no output {i}")))?;
         let name = model.metadata().outputs.get(i).map_or("", |s| s.name.as_str());

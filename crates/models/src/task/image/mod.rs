@@ -12,8 +12,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use inferd_batcher::InferRequest;
 use inferd_core::{
-    DataType, ImageConfig, Labels, Layout, ModelConfig, ModelMetadata, OutputConfig, OutputKind, Resize,
-    Tensor, TensorSpec,
+    DataType, ImageConfig, Labels, Layout, ModelConfig, ModelMetadata, OutputConfig, OutputKind, Resize, Tensor,
+    TensorSpec,
 };
 
 pub use self::pixels::Geometry;
@@ -63,7 +63,11 @@ impl ImageTask {
             bail!("image: the input `{}` is {}; a picture becomes UINT8, FP16 or FP32", input.name, input.datatype);
         }
         let [_, a, b, c] = input.shape.as_slice() else {
-            bail!("image: the input `{}` has shape {:?}; a picture is [batch, C, H, W] or [batch, H, W, C]", input.name, input.shape);
+            bail!(
+                "image: the input `{}` has shape {:?}; a picture is [batch, C, H, W] or [batch, H, W, C]",
+                input.name,
+                input.shape
+            );
         };
         let (channels, height, width) = match image.layout {
             Layout::Nchw => (*a, *b, *c),
@@ -141,6 +145,26 @@ impl ImageTask {
     }
 }
 
+/// The file a `BYTES` element holds in base64 (or as a `data:` URL); `None` when it is not base64 text but, say, the
+/// file itself.
+fn unbase64(element: &[u8]) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    let text = std::str::from_utf8(element).ok()?.trim();
+    let payload = match text.strip_prefix("data:") {
+        Some(url) => url.split_once(',')?.1,
+        None => text,
+    };
+    base64::engine::general_purpose::STANDARD.decode(payload).ok()
+}
+
+/// A one-row tensor without its batch dimension (the picture's own reading).
+fn without_batch(row: Tensor) -> inferd_core::Result<Tensor> {
+    match row.raw_bytes() {
+        Some(bytes) => Tensor::new(row.dtype(), row.shape()[1..].to_vec(), bytes.to_vec()),
+        None => Ok(row),
+    }
+}
+
 /// A labels file: one name a line, blank lines at the end ignored.
 fn read_labels(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -163,11 +187,19 @@ impl Task for ImageTask {
     fn prepare(&self, request: Request, max_rows: usize) -> Result<Prepared, TaskError> {
         let name = &self.metadata.inputs[0].name;
         let tensor;
+        let base64_files: Vec<Option<Vec<u8>>>;
         let files: Vec<&[u8]> = match &request.input {
             Input::Images(files) => files.iter().map(|f| f.as_ref()).collect(),
             Input::Tensors(tensors) => {
                 tensor = tensors.first().ok_or_else(|| TaskError::Invalid(format!("missing input `{name}`")))?;
-                tensor.byte_strings().unwrap_or_default().iter().map(Vec::as_slice).collect()
+                // KServe's JSON clients send a picture's file in base64, as JSON strings cannot hold its bytes.
+                base64_files =
+                    tensor.byte_strings().unwrap_or_default().iter().map(|f| unbase64(f)).collect::<Vec<_>>();
+                base64_files
+                    .iter()
+                    .zip(tensor.byte_strings().unwrap_or_default())
+                    .map(|(decoded, file)| decoded.as_deref().unwrap_or(file))
+                    .collect()
             }
             Input::Text(_) | Input::Score(_) => {
                 return Err(TaskError::Invalid("it takes pictures, not text (it is a vision model)".into()))
@@ -199,9 +231,9 @@ impl Task for ImageTask {
             decoded.push((picture, size));
         }
         // Pictures of one request share the tensor's size: a dynamic model's are padded to the largest.
-        let canvas = plan.target.unwrap_or_else(|| {
-            decoded.iter().fold((1, 1), |(w, h), (_, (pw, ph))| (w.max(*pw), h.max(*ph)))
-        });
+        let canvas = plan
+            .target
+            .unwrap_or_else(|| decoded.iter().fold((1, 1), |(w, h), (_, (pw, ph))| (w.max(*pw), h.max(*ph))));
         let (width, height) = canvas;
         let channels = config.channels.count();
         let per_picture = width as usize * height as usize * channels * plan.dtype.size().unwrap_or(1);
@@ -253,6 +285,7 @@ impl Plan {
             let rows = match kind {
                 OutputKind::Raw => output
                     .split_rows(&vec![1; pictures])
+                    .and_then(|rows| rows.into_iter().map(without_batch).collect::<Result<Vec<_>, _>>())
                     .map_err(|e| TaskError::Internal(e.to_string()))?
                     .into_iter()
                     .map(Reading::Tensor)

@@ -30,7 +30,7 @@ pub struct Geometry {
 
 impl Geometry {
     /// A point in the tensor's pixels as the picture's, kept inside the picture.
-    pub fn to_picture(&self, x: f32, y: f32) -> (f32, f32) {
+    pub fn to_picture(self, x: f32, y: f32) -> (f32, f32) {
         let x = ((x - self.left) / self.scale_x).clamp(0.0, self.width as f32);
         let y = ((y - self.top) / self.scale_y).clamp(0.0, self.height as f32);
         (x, y)
@@ -143,7 +143,12 @@ pub fn planned_size(config: &ImageConfig, target: Option<(u32, u32)>, width: u32
 }
 
 /// A picture resized into a canvas of `canvas` (width, height) pixels filled with `pad_value`, and where it went.
-pub fn fit(config: &ImageConfig, picture: &Decoded, size: (u32, u32), canvas: (u32, u32)) -> Result<(Vec<u8>, Geometry), TaskError> {
+pub fn fit(
+    config: &ImageConfig,
+    picture: &Decoded,
+    size: (u32, u32),
+    canvas: (u32, u32),
+) -> Result<(Vec<u8>, Geometry), TaskError> {
     let (w, h) = (picture.width, picture.height);
     let (tw, th) = size;
     let (fw, fh) = (f64::from(w), f64::from(h));
@@ -163,8 +168,8 @@ pub fn fit(config: &ImageConfig, picture: &Decoded, size: (u32, u32), canvas: (u
         Resize::Crop => {
             let shorter = config.shorter_side.unwrap_or(tw.max(th));
             let r = f64::from(shorter) / fw.min(fh);
-            let rw = ((fw * r) as u32).max(tw);
-            let rh = ((fh * r) as u32).max(th);
+            let rw = ((fw * r).round() as u32).max(tw);
+            let rh = ((fh * r).round() as u32).max(th);
             let (cx, cy) = ((rw - tw) / 2, (rh - th) / 2);
             (rw, rh, -i64::from(cx), -i64::from(cy), Some((cx, cy)))
         }
@@ -194,26 +199,62 @@ pub fn fit(config: &ImageConfig, picture: &Decoded, size: (u32, u32), canvas: (u
     Ok((out, geometry))
 }
 
-/// `picture` resampled to `width` × `height` with `filter`, antialiased when shrinking (as Pillow's `resize`).
+/// `picture` resampled to `width` × `height` with `filter`, as Pillow's `resize` does: convolution filters are
+/// antialiased when shrinking and run across, then down, each pass rounding to 8 bits (the order matters where a
+/// filter overshoots: bicubic, Lanczos); nearest takes the pixel under each output pixel's centre.
 fn resize(filter: Filter, picture: &Decoded, channels: usize, width: u32, height: u32) -> Result<Vec<u8>, TaskError> {
     if (width, height) == (picture.width, picture.height) {
         return Ok(picture.pixels.clone());
     }
+    let kind = match filter {
+        Filter::Nearest => return Ok(nearest(picture, channels, width, height)),
+        Filter::Bilinear => fir::FilterType::Bilinear,
+        Filter::Bicubic => fir::FilterType::CatmullRom,
+        Filter::Lanczos3 => fir::FilterType::Lanczos3,
+    };
     let internal = |e: &dyn std::fmt::Display| TaskError::Internal(format!("resizing a picture: {e}"));
     let pixel_type = if channels == 1 { fir::PixelType::U8 } else { fir::PixelType::U8x3 };
-    let src = fir::images::ImageRef::new(picture.width, picture.height, &picture.pixels, pixel_type)
-        .map_err(|e| internal(&e))?;
-    let mut dst = fir::images::Image::new(width, height, pixel_type);
-    let algorithm = match filter {
-        Filter::Nearest => fir::ResizeAlg::Nearest,
-        Filter::Bilinear => fir::ResizeAlg::Convolution(fir::FilterType::Bilinear),
-        Filter::Bicubic => fir::ResizeAlg::Convolution(fir::FilterType::CatmullRom),
-        Filter::Lanczos3 => fir::ResizeAlg::Convolution(fir::FilterType::Lanczos3),
+    let options = fir::ResizeOptions::new().resize_alg(fir::ResizeAlg::Convolution(kind));
+    let mut resizer = fir::Resizer::new();
+    let mut pass = |pixels: &[u8], from: (u32, u32), to: (u32, u32)| -> Result<Vec<u8>, TaskError> {
+        if from == to {
+            return Ok(pixels.to_vec());
+        }
+        let src = fir::images::ImageRef::new(from.0, from.1, pixels, pixel_type).map_err(|e| internal(&e))?;
+        let mut dst = fir::images::Image::new(to.0, to.1, pixel_type);
+        resizer.resize(&src, &mut dst, &options).map_err(|e| internal(&e))?;
+        Ok(dst.into_vec())
     };
-    fir::Resizer::new()
-        .resize(&src, &mut dst, &fir::ResizeOptions::new().resize_alg(algorithm))
-        .map_err(|e| internal(&e))?;
-    Ok(dst.into_vec())
+    // One axis a call, across first: the resizer alone would go down first for 8-bit pixels.
+    let across = pass(&picture.pixels, (picture.width, picture.height), (width, picture.height))?;
+    pass(&across, (width, picture.height), (width, height))
+}
+
+/// Nearest-neighbour resampling with Pillow's sampling positions: the source pixel under each output pixel's centre,
+/// the positions stepped in floating point as Pillow steps them, so that centres falling exactly on a pixel edge
+/// pick the same side.
+fn nearest(picture: &Decoded, channels: usize, width: u32, height: u32) -> Vec<u8> {
+    let positions = |from: u32, to: u32| {
+        let step = f64::from(from) / f64::from(to);
+        let mut at = step * 0.5;
+        (0..to)
+            .map(|_| {
+                let i = (at as usize).min(from as usize - 1);
+                at += step;
+                i
+            })
+            .collect::<Vec<usize>>()
+    };
+    let (xs, ys) = (positions(picture.width, width), positions(picture.height, height));
+    let row = picture.width as usize * channels;
+    let mut out = Vec::with_capacity(width as usize * height as usize * channels);
+    for y in ys {
+        for &x in &xs {
+            let at = y * row + x * channels;
+            out.extend_from_slice(&picture.pixels[at..at + channels]);
+        }
+    }
+    out
 }
 
 /// Writes one canvas of `width` × `height` 8-bit pixels into `out` (the bytes of one picture's row of the tensor)
@@ -328,7 +369,8 @@ mod tests {
     #[test]
     fn a_jpeg_without_its_end_marker_is_truncated() {
         // Start of image, a comment segment holding an end marker, a scan header, coded data, end of image.
-        let whole = [0xFF, 0xD8, 0xFF, 0xFE, 0x00, 0x04, 0xFF, 0xD9, 0xFF, 0xDA, 0x00, 0x02, 0x12, 0xFF, 0x00, 0xFF, 0xD9];
+        let whole =
+            [0xFF, 0xD8, 0xFF, 0xFE, 0x00, 0x04, 0xFF, 0xD9, 0xFF, 0xDA, 0x00, 0x02, 0x12, 0xFF, 0x00, 0xFF, 0xD9];
         assert!(jpeg_is_whole(&whole));
         assert!(!jpeg_is_whole(&whole[..whole.len() - 2]));
         assert!(!jpeg_is_whole(&whole[..8]));

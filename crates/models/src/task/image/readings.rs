@@ -148,9 +148,10 @@ pub fn detect(
     };
     let mut found: Vec<(usize, f32, [f32; 4])> = Vec::new();
     for anchor in 0..anchors {
-        let (best, score) = (4..attributes)
-            .map(|a| (a - 4, at(a, anchor)))
-            .fold((0, f32::NEG_INFINITY), |b, c| if c.1 > b.1 { c } else { b });
+        let (best, score) =
+            (4..attributes)
+                .map(|a| (a - 4, at(a, anchor)))
+                .fold((0, f32::NEG_INFINITY), |b, c| if c.1 > b.1 { c } else { b });
         if score >= config.confidence {
             let (cx, cy, w, h) = (at(0, anchor), at(1, anchor), at(2, anchor), at(3, anchor));
             found.push((best, score, [cx - w / 2.0, cy - h / 2.0, cx + w / 2.0, cy + h / 2.0]));
@@ -246,7 +247,10 @@ mod tests {
         // The same output laid out anchors first reads the same.
         let transposed: Vec<f32> = (0..4).flat_map(|a| (0..6).map(move |r| values[r * 4 + a])).collect();
         let again = detect(&transposed, (4, 6), &c, Some(&labels), &g).expect("boxes");
-        assert_eq!(again.iter().map(|d| d.bounds).collect::<Vec<_>>(), found.iter().map(|d| d.bounds).collect::<Vec<_>>());
+        assert_eq!(
+            again.iter().map(|d| d.bounds).collect::<Vec<_>>(),
+            found.iter().map(|d| d.bounds).collect::<Vec<_>>()
+        );
         assert_eq!(again[0].class.label.as_deref(), Some("a"));
     }
 }
