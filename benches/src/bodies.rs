@@ -21,12 +21,14 @@ pub enum Protocol {
     Embed,
     /// `POST /models/{model}/rerank` (TEI's API): a short query and `--rows` passages from the same set.
     Rerank,
+    /// `POST /models/{model}/predict` with a picture (`--body`) as the body, `Content-Type: image/*`.
+    Image,
 }
 
 impl Protocol {
     pub fn path(self, model: &str) -> String {
         match self {
-            Protocol::Predict => format!("/models/{model}/predict"),
+            Protocol::Predict | Protocol::Image => format!("/models/{model}/predict"),
             Protocol::V2Json | Protocol::V2Binary => format!("/v2/models/{model}/infer"),
             Protocol::Embed => format!("/models/{model}/embed"),
             Protocol::Rerank => format!("/models/{model}/rerank"),
@@ -155,6 +157,7 @@ pub fn generate(
             }
             Ok(match protocol {
                 Protocol::Embed | Protocol::Rerank => bail!("text bodies come from texts::bodies"),
+                Protocol::Image => bail!("a picture comes from --body"),
                 Protocol::Predict => {
                     let body = if let [(_, _, shape, v)] = tensors.as_slice() {
                         json!({ "input": nest(&v.json, shape) })

@@ -2,6 +2,8 @@
 //! threads between: the physical limit the server is measured against.
 
 use std::path::Path;
+
+use anyhow::Context;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -17,6 +19,8 @@ pub struct EngineRun<'a> {
     pub default_intra_op_threads: usize,
     /// In place of the model's own.
     pub intra_op_threads: Option<usize>,
+    /// A vision model's picture, made into its tensor once.
+    pub picture: Option<&'a Path>,
     pub batch_sizes: &'a [usize],
     pub warmup: Duration,
     pub duration: Duration,
@@ -47,7 +51,10 @@ pub fn run(run: &EngineRun<'_>) -> anyhow::Result<Vec<EngineReport>> {
                 let (batches, waste) = text_batches(sequences, batch)?;
                 (batches, Some(waste))
             }
-            None => (vec![engine.metadata().warm_up_inputs(batch)?], None),
+            None => match run.picture {
+                Some(path) => (vec![picture_batch(&config, engine.metadata(), path, batch)?], None),
+                None => (vec![engine.metadata().warm_up_inputs(batch)?], None),
+            },
         };
         let warm_until = Instant::now() + run.warmup;
         for inputs in batches.iter().cycle() {
@@ -79,6 +86,23 @@ pub fn run(run: &EngineRun<'_>) -> anyhow::Result<Vec<EngineReport>> {
         });
     }
     Ok(reports)
+}
+
+/// A batch of `batch` rows of the picture at `path`, made into the model's input by its task, as the server does.
+fn picture_batch(
+    config: &ModelConfig,
+    metadata: &ModelMetadata,
+    path: &Path,
+    batch: usize,
+) -> anyhow::Result<Vec<Tensor>> {
+    let task = inferd_models::task::for_model(config, metadata)?;
+    let file = std::fs::read(path).with_context(|| format!("{}", path.display()))?;
+    let request = Request::new(Input::Images(vec![file.into()]));
+    let prepared = task.prepare(request, usize::MAX).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let inferd_batcher::Inputs::Rows(rows) = prepared.request.inputs else {
+        anyhow::bail!("a vision model's request holds rows");
+    };
+    rows.iter().map(|t| Tensor::concat_rows(&vec![t; batch]).map_err(anyhow::Error::from)).collect()
 }
 
 /// Passages per query of the reranking benchmark's pairs, as the HTTP run sends them.

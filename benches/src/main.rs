@@ -115,6 +115,10 @@ struct EngineArgs {
     /// else every core, as a lone inferd model gets].
     #[arg(long)]
     intra_op_threads: Option<usize>,
+    /// A vision model: this picture, made into the model's tensor once by its task (as the server would), is every
+    /// row of every batch.
+    #[arg(long)]
+    picture: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -139,6 +143,7 @@ fn main() -> anyhow::Result<()> {
                 onnxruntime_lib: &args.onnxruntime_lib,
                 default_intra_op_threads: cores,
                 intra_op_threads: args.intra_op_threads,
+                picture: args.picture.as_deref(),
                 batch_sizes: &args.batch_sizes,
                 warmup: seconds(args.common.warmup)?,
                 duration: seconds(args.common.duration)?,
@@ -174,8 +179,13 @@ async fn http(args: HttpArgs) -> anyhow::Result<()> {
             bodies::generate(&meta.inputs, args.rows, args.protocol, 64, 0x5eed)?
         }
     };
-    let content_type =
-        if args.protocol == Protocol::V2Binary { "application/octet-stream" } else { "application/json" };
+    let content_type = match (args.protocol, &args.body) {
+        (Protocol::V2Binary, _) => "application/octet-stream",
+        (Protocol::Image, Some(path)) if path.extension().is_some_and(|e| e == "png") => "image/png",
+        (Protocol::Image, Some(_)) => "image/jpeg",
+        (Protocol::Image, None) => anyhow::bail!("--protocol image sends the picture given with --body"),
+        _ => "application/json",
+    };
     let template = load::Load {
         url: format!("{base}{}", args.path.clone().unwrap_or_else(|| args.protocol.path(&args.model))),
         bodies: Arc::new(bodies),

@@ -94,6 +94,7 @@ def test_images_run_unprivileged_and_check_their_own_health(dockerfile):
     assert "RUN INFERD_CACHE_DIR=/tmp/cache scripts/fetch-models.sh" in text
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
     assert "models/minilm*/*" in ignored and "!models/minilm*/model.toml" in ignored
+    assert "models/orientation/*" in ignored and "!models/orientation/model.toml" in ignored
     # The reranker and classifier are made in the same stage, from the script set-up runs.
     assert "python models/make_text_heads.py /tmp/heads" in text
     for made in ("reranker", "classifier"):

@@ -23,6 +23,9 @@ pub mod names {
     pub const REQUEST_DURATION: &str = "inferd_request_duration_seconds";
     /// Seconds a request waited in its model's queue before its batch started, by `model`.
     pub const QUEUE_DURATION: &str = "inferd_queue_duration_seconds";
+    /// Seconds a request spent in one step of its model's task before the queue, by `model` and `stage` (a vision
+    /// model's `decode`: the files to pixels; `resize`: the pixels to the input tensor).
+    pub const PREPARE_DURATION: &str = "inferd_prepare_duration_seconds";
     /// Seconds the engine spent on one batch, by `model`.
     pub const COMPUTE_DURATION: &str = "inferd_compute_duration_seconds";
     /// Rows in one batch, by `model`.
@@ -158,6 +161,7 @@ impl Metrics {
         describe(names::REQUESTS_IN_FLIGHT, None, "Inference requests being handled now.");
         describe(names::REQUEST_DURATION, Some(Unit::Seconds), "Time from a request's arrival to its answer.");
         describe(names::QUEUE_DURATION, Some(Unit::Seconds), "Time a request waited before its batch started.");
+        describe(names::PREPARE_DURATION, Some(Unit::Seconds), "Time a request spent in one step before the queue.");
         describe(names::COMPUTE_DURATION, Some(Unit::Seconds), "Time the engine spent on one batch.");
         describe(names::BATCH_SIZE, None, "Rows in one batch.");
         describe(names::BATCH_FAILURES, None, "Batches whose engine call failed or panicked.");
@@ -244,6 +248,12 @@ impl Metrics {
             Some(r) => r.duration.record(elapsed.as_secs_f64()),
             None => self.request_duration(model, protocol).record(elapsed.as_secs_f64()),
         }
+    }
+
+    /// Records how long one step of a request's task took before the queue (a vision model's `decode`, `resize`).
+    pub fn prepare_stage(&self, model: &str, stage: &'static str, took: Duration) {
+        let labels = vec![Label::new("model", model.to_owned()), Label::new("stage", stage)];
+        self.histogram(names::PREPARE_DURATION, labels).record(took.as_secs_f64());
     }
 
     /// Folds the histogram samples recorded since the last call into their buckets. The recorder keeps every

@@ -76,9 +76,9 @@ impl EmbedTask {
                 self.front.info.dimensions
             )));
         }
-        Ok(Prepared {
-            request: InferRequest::sequences(sequences).with_deadline(deadline).with_hidden_states(),
-            finish: Box::new(move |states| {
+        Ok(Prepared::new(
+            InferRequest::sequences(sequences).with_deadline(deadline).with_hidden_states(),
+            Box::new(move |states| {
                 if states.len() != lengths.len() {
                     return Err(TaskError::Internal(format!(
                         "{} per-token answers for {} texts",
@@ -89,7 +89,7 @@ impl EmbedTask {
                 let tensors = states.iter().zip(&lengths).map(|(t, &len)| first_positions(t, len));
                 Ok(Answer::tensors(tensors.collect::<Result<_, _>>()?, tokens))
             }),
-        })
+        ))
     }
 }
 
@@ -147,15 +147,15 @@ impl Task for EmbedTask {
             return self.per_token(sequences, tokens, request.deadline);
         }
         let normalize = input.normalize.unwrap_or(info.normalize);
-        Ok(Prepared {
-            request: InferRequest::sequences(sequences).with_deadline(request.deadline),
-            finish: Box::new(move |mut tensors| {
+        Ok(Prepared::new(
+            InferRequest::sequences(sequences).with_deadline(request.deadline),
+            Box::new(move |mut tensors| {
                 if normalize {
                     tensors = tensors.iter().map(normalize_rows).collect::<Result<_, _>>()?;
                 }
                 Ok(Answer::tensors(tensors, tokens))
             }),
-        })
+        ))
     }
 
     fn tokenize(&self, texts: &[String], special: bool) -> Result<Vec<Vec<Token>>, TaskError> {

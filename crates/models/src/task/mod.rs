@@ -9,7 +9,7 @@ mod tensors;
 mod text;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use inferd_batcher::InferRequest;
 use inferd_core::{ModelConfig, ModelMetadata, Tensor};
@@ -161,9 +161,15 @@ pub type Finish = Box<dyn FnOnce(Vec<Tensor>) -> Result<Answer, TaskError> + Sen
 pub struct Prepared {
     pub request: InferRequest,
     pub finish: Finish,
+    /// How long each named step of preparing took (a vision model's `decode` and `resize`), for the metrics.
+    pub stages: Vec<(&'static str, Duration)>,
 }
 
 impl Prepared {
+    pub fn new(request: InferRequest, finish: Finish) -> Self {
+        Prepared { request, finish, stages: Vec::new() }
+    }
+
     /// A text request's token sequences (each its token inputs `[1, len]`), for the engine benchmark.
     pub fn into_sequences(self) -> Option<Vec<Vec<Tensor>>> {
         match self.request.inputs {

@@ -129,13 +129,13 @@ impl Task for ScoreTask {
             self.front.sequences(&input, max_rows, if self.rerank { "rerank" } else { "classify" })?;
         let activation = self.activation(input.raw_scores);
         let rerank = self.rerank;
-        Ok(Prepared {
-            request: InferRequest::sequences(sequences).with_deadline(request.deadline),
-            finish: Box::new(move |tensors| {
+        Ok(Prepared::new(
+            InferRequest::sequences(sequences).with_deadline(request.deadline),
+            Box::new(move |tensors| {
                 let logits = tensors.first().ok_or_else(|| TaskError::Internal("the engine gave no logits".into()))?;
                 Ok(Answer::tensors(vec![scores(logits, activation, rerank)?], tokens))
             }),
-        })
+        ))
     }
 
     fn tokenize(&self, texts: &[String], special: bool) -> Result<Vec<Vec<Token>>, TaskError> {

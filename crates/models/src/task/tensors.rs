@@ -26,10 +26,10 @@ impl Task for TensorTask {
     fn prepare(&self, request: Request, _max_rows: usize) -> Result<Prepared, TaskError> {
         // Rows are bounded by the decoder, which counts them as the body streams by.
         match request.input {
-            Input::Tensors(tensors) => Ok(Prepared {
-                request: InferRequest::new(tensors).with_deadline(request.deadline),
-                finish: Box::new(|tensors| Ok(Answer::tensors(tensors, 0))),
-            }),
+            Input::Tensors(tensors) => Ok(Prepared::new(
+                InferRequest::new(tensors).with_deadline(request.deadline),
+                Box::new(|tensors| Ok(Answer::tensors(tensors, 0))),
+            )),
             Input::Text(_) => {
                 Err(TaskError::Invalid("it does not embed text: it takes tensors (its task is not `embed`)".into()))
             }

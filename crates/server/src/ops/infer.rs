@@ -95,6 +95,9 @@ pub async fn infer(
     })
     .await?
     .map_err(|e| AppError::from(e).in_model(model.name()))?;
+    for &(stage, took) in &prepared.stages {
+        state.metrics().prepare_stage(model.name(), stage, took);
+    }
     let mut request = prepared.request;
     hold.take(match &request.inputs {
         Inputs::Rows(tensors) => tensor_bytes(tensors.iter()),

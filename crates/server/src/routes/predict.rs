@@ -38,7 +38,7 @@ pub fn named_route() -> OpenApiRouter<AppState> {
 /// Serve `/predict` with the default model.
 #[utoipa::path(
     post, path = "/predict", tag = "inference",
-    request_body(content = PredictRequest, description = "One input as `input`, or several by name in `inputs`."),
+    request_body(content = PredictRequest, description = "One input as `input`, or several by name in `inputs`. A vision model takes pictures instead: the file as the body (`Content-Type: image/*`), the parts of a `multipart/form-data` form, or `{\"image\": \"<base64>\"}` / `{\"images\": [...]}`; it answers `{model, device, predictions: [{width, height, outputs: {name: reading}}]}`."),
     params(("x-inferd-timeout-ms" = Option<u64>, Header, description = "Milliseconds the request may wait in the queue; past that it is answered 503 and never runs")),
     responses((status = 200, body = PredictResponse, headers(
         ("x-inferd-batch-size" = u64, description = "Rows in the batch that served the request"),
@@ -59,7 +59,7 @@ async fn predict_default(
 /// Serve `/predict` with the named model.
 #[utoipa::path(
     post, path = "/models/{model}/predict", tag = "inference",
-    request_body(content = PredictRequest, description = "One input as `input`, or several by name in `inputs`."),
+    request_body(content = PredictRequest, description = "One input as `input`, or several by name in `inputs`. A vision model takes pictures instead: the file as the body (`Content-Type: image/*`), the parts of a `multipart/form-data` form, or `{\"image\": \"<base64>\"}` / `{\"images\": [...]}`; it answers `{model, device, predictions: [{width, height, outputs: {name: reading}}]}`."),
     params(("model" = String, Path, description = "The model"),
         ("x-inferd-timeout-ms" = Option<u64>, Header, description = "Milliseconds the request may wait in the queue")),
     responses((status = 200, body = PredictResponse), InferErrors),

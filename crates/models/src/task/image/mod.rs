@@ -224,6 +224,7 @@ impl Task for ImageTask {
         let no_reserve = |_: usize| Ok(());
         let reserve = request.reserve.as_deref().unwrap_or(&no_reserve);
         let config = &plan.config;
+        let started = std::time::Instant::now();
         let mut decoded = Vec::with_capacity(files.len());
         for (i, file) in files.iter().enumerate() {
             let picture = pixels::decode(file, i, config, reserve)?;
@@ -234,6 +235,8 @@ impl Task for ImageTask {
         let canvas = plan
             .target
             .unwrap_or_else(|| decoded.iter().fold((1, 1), |(w, h), (_, (pw, ph))| (w.max(*pw), h.max(*ph))));
+        let decoding = started.elapsed();
+        let started = std::time::Instant::now();
         let (width, height) = canvas;
         let channels = config.channels.count();
         let per_picture = width as usize * height as usize * channels * plan.dtype.size().unwrap_or(1);
@@ -253,13 +256,15 @@ impl Task for ImageTask {
         };
         let input = Tensor::new(plan.dtype, shape, data).map_err(|e| TaskError::Internal(e.to_string()))?;
         let plan = self.plan.clone();
-        Ok(Prepared {
-            request: InferRequest::new(vec![input]).with_deadline(request.deadline),
-            finish: Box::new(move |outputs| {
+        let mut prepared = Prepared::new(
+            InferRequest::new(vec![input]).with_deadline(request.deadline),
+            Box::new(move |outputs| {
                 let pictures = plan.read(&outputs, &geometries)?;
                 Ok(Answer { tensors: outputs, tokens: 0, pictures })
             }),
-        })
+        );
+        prepared.stages = vec![("decode", decoding), ("resize", started.elapsed())];
+        Ok(prepared)
     }
 
     fn takes_images(&self) -> bool {

@@ -175,18 +175,19 @@ pub fn fit(
         }
     };
     let channels = config.channels.count();
-    let resized = resize(config.filter, picture, channels, rw, rh)?;
-    let (cw, ch) = canvas;
-    let mut out = vec![config.pad_value; cw as usize * ch as usize * channels];
-    // Copy the kept rows of the resized picture into the canvas.
+    // Only the kept part of the resized picture is computed (a crop's centre): the same pixels as resizing it whole
+    // and cutting them out.
     let (cx, cy) = crop.unwrap_or((0, 0));
     let (kept_w, kept_h) = if crop.is_some() { (tw, th) } else { (rw, rh) };
+    let window = Window { size: (rw, rh), left: cx, top: cy, width: kept_w, height: kept_h };
+    let resized = resize(config.filter, picture, channels, window)?;
+    let (cw, ch) = canvas;
+    let mut out = vec![config.pad_value; cw as usize * ch as usize * channels];
     let (ox, oy) = (left.max(0) as usize, top.max(0) as usize);
     let row = kept_w as usize * channels;
-    for y in 0..kept_h as usize {
-        let from = ((cy as usize + y) * rw as usize + cx as usize) * channels;
+    for (y, kept) in resized.chunks_exact(row).enumerate() {
         let to = ((oy + y) * cw as usize + ox) * channels;
-        out[to..to + row].copy_from_slice(&resized[from..from + row]);
+        out[to..to + row].copy_from_slice(kept);
     }
     let geometry = Geometry {
         width: w,
@@ -199,42 +200,65 @@ pub fn fit(
     Ok((out, geometry))
 }
 
-/// `picture` resampled to `width` × `height` with `filter`, as Pillow's `resize` does: convolution filters are
-/// antialiased when shrinking and run across, then down, each pass rounding to 8 bits (the order matters where a
-/// filter overshoots: bicubic, Lanczos); nearest takes the pixel under each output pixel's centre.
-fn resize(filter: Filter, picture: &Decoded, channels: usize, width: u32, height: u32) -> Result<Vec<u8>, TaskError> {
-    if (width, height) == (picture.width, picture.height) {
+/// The part of a resized picture that is kept: the picture resized to `size`, then `width` × `height` pixels from
+/// (`left`, `top`).
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    size: (u32, u32),
+    left: u32,
+    top: u32,
+    width: u32,
+    height: u32,
+}
+
+/// The `window` of `picture` resampled with `filter`, as Pillow's `resize` does: convolution filters are antialiased
+/// when shrinking and run across, then down, each pass rounding to 8 bits (the order matters where a filter
+/// overshoots: bicubic, Lanczos); nearest takes the pixel under each output pixel's centre.
+fn resize(filter: Filter, picture: &Decoded, channels: usize, window: Window) -> Result<Vec<u8>, TaskError> {
+    let (w, h) = (picture.width, picture.height);
+    if window.size == (w, h) && (window.width, window.height) == (w, h) {
         return Ok(picture.pixels.clone());
     }
     let kind = match filter {
-        Filter::Nearest => return Ok(nearest(picture, channels, width, height)),
+        Filter::Nearest => return Ok(nearest(picture, channels, window)),
         Filter::Bilinear => fir::FilterType::Bilinear,
         Filter::Bicubic => fir::FilterType::CatmullRom,
         Filter::Lanczos3 => fir::FilterType::Lanczos3,
     };
     let internal = |e: &dyn std::fmt::Display| TaskError::Internal(format!("resizing a picture: {e}"));
     let pixel_type = if channels == 1 { fir::PixelType::U8 } else { fir::PixelType::U8x3 };
-    let options = fir::ResizeOptions::new().resize_alg(fir::ResizeAlg::Convolution(kind));
     let mut resizer = fir::Resizer::new();
-    let mut pass = |pixels: &[u8], from: (u32, u32), to: (u32, u32)| -> Result<Vec<u8>, TaskError> {
-        if from == to {
-            return Ok(pixels.to_vec());
-        }
+    // One axis a call, across first (the resizer alone would go down first for 8-bit pixels); each pass reads the
+    // source span its kept pixels come from, with the whole picture around it for the filter's support.
+    let mut pass = |pixels: &[u8], from: (u32, u32), to: (u32, u32), crop: (f64, f64, f64, f64)| {
         let src = fir::images::ImageRef::new(from.0, from.1, pixels, pixel_type).map_err(|e| internal(&e))?;
         let mut dst = fir::images::Image::new(to.0, to.1, pixel_type);
+        let options = fir::ResizeOptions::new()
+            .resize_alg(fir::ResizeAlg::Convolution(kind))
+            .crop(crop.0, crop.1, crop.2, crop.3);
         resizer.resize(&src, &mut dst, &options).map_err(|e| internal(&e))?;
-        Ok(dst.into_vec())
+        Ok::<_, TaskError>(dst.into_vec())
     };
-    // One axis a call, across first: the resizer alone would go down first for 8-bit pixels.
-    let across = pass(&picture.pixels, (picture.width, picture.height), (width, picture.height))?;
-    pass(&across, (width, picture.height), (width, height))
+    let (fw, fh) = (f64::from(w), f64::from(h));
+    let (sx, sy) = (fw / f64::from(window.size.0), fh / f64::from(window.size.1));
+    let across = if (window.size.0, window.width) == (w, w) {
+        picture.pixels.clone()
+    } else {
+        let crop = (f64::from(window.left) * sx, 0.0, f64::from(window.width) * sx, fh);
+        pass(&picture.pixels, (w, h), (window.width, h), crop)?
+    };
+    if (window.size.1, window.height) == (h, h) {
+        return Ok(across);
+    }
+    let crop = (0.0, f64::from(window.top) * sy, f64::from(window.width), f64::from(window.height) * sy);
+    pass(&across, (window.width, h), (window.width, window.height), crop)
 }
 
 /// Nearest-neighbour resampling with Pillow's sampling positions: the source pixel under each output pixel's centre,
 /// the positions stepped in floating point as Pillow steps them, so that centres falling exactly on a pixel edge
 /// pick the same side.
-fn nearest(picture: &Decoded, channels: usize, width: u32, height: u32) -> Vec<u8> {
-    let positions = |from: u32, to: u32| {
+fn nearest(picture: &Decoded, channels: usize, window: Window) -> Vec<u8> {
+    let positions = |from: u32, to: u32, skip: u32, take: u32| {
         let step = f64::from(from) / f64::from(to);
         let mut at = step * 0.5;
         (0..to)
@@ -243,11 +267,14 @@ fn nearest(picture: &Decoded, channels: usize, width: u32, height: u32) -> Vec<u
                 at += step;
                 i
             })
+            .skip(skip as usize)
+            .take(take as usize)
             .collect::<Vec<usize>>()
     };
-    let (xs, ys) = (positions(picture.width, width), positions(picture.height, height));
+    let xs = positions(picture.width, window.size.0, window.left, window.width);
+    let ys = positions(picture.height, window.size.1, window.top, window.height);
     let row = picture.width as usize * channels;
-    let mut out = Vec::with_capacity(width as usize * height as usize * channels);
+    let mut out = Vec::with_capacity(xs.len() * ys.len() * channels);
     for y in ys {
         for &x in &xs {
             let at = y * row + x * channels;
@@ -262,51 +289,37 @@ fn nearest(picture: &Decoded, channels: usize, width: u32, height: u32) -> Vec<u
 pub fn write(config: &ImageConfig, dtype: DataType, canvas: &[u8], width: u32, height: u32, out: &mut Vec<u8>) {
     let channels = config.channels.count();
     let plane = width as usize * height as usize;
-    // Tensor channel c reads canvas channel source[c].
+    // Tensor channel c reads canvas channel source(c).
     let source = |c: usize| if config.channels == Channels::Bgr { 2 - c } else { c };
-    // The order the tensor's values are written in: (canvas index) for each element.
-    let index = |i: usize| match config.layout {
-        Layout::Nchw => {
-            let (c, p) = (i / plane, i % plane);
-            p * channels + source(c)
-        }
-        Layout::Nhwc => {
-            let (p, c) = (i / channels, i % channels);
-            p * channels + source(c)
-        }
+    // Each tensor channel's value of each 0-255 level: a table lookup rather than arithmetic per value. A UINT8
+    // input takes the levels as they are.
+    let tables: Vec<[f32; 256]> = (0..channels)
+        .map(|c| {
+            let (mean, std) = config.mean_std(c);
+            std::array::from_fn(|v| (v as f32 * config.scale - mean) / std)
+        })
+        .collect();
+    let mut put = |c: usize, level: u8| match dtype {
+        DataType::Uint8 => out.push(level),
+        DataType::Fp16 => out.extend_from_slice(&f16::from_f32(tables[c][usize::from(level)]).to_le_bytes()),
+        _ => out.extend_from_slice(&tables[c][usize::from(level)].to_le_bytes()),
     };
-    let count = plane * channels;
-    match dtype {
-        DataType::Uint8 => out.extend((0..count).map(|i| canvas[index(i)])),
-        DataType::Fp32 | DataType::Fp16 => {
-            // One table per tensor channel: 256 values, rather than arithmetic per pixel.
-            let tables: Vec<[f32; 256]> = (0..channels)
-                .map(|c| {
-                    let (mean, std) = config.mean_std(c);
-                    std::array::from_fn(|v| (v as f32 * config.scale - mean) / std)
-                })
-                .collect();
-            let value = |i: usize| {
-                let c = match config.layout {
-                    Layout::Nchw => i / plane,
-                    Layout::Nhwc => i % channels,
-                };
-                tables[c][usize::from(canvas[index(i)])]
-            };
-            if dtype == DataType::Fp32 {
-                out.reserve(count * 4);
-                for i in 0..count {
-                    out.extend_from_slice(&value(i).to_le_bytes());
-                }
-            } else {
-                out.reserve(count * 2);
-                for i in 0..count {
-                    out.extend_from_slice(&f16::from_f32(value(i)).to_le_bytes());
+    match config.layout {
+        Layout::Nchw => {
+            for c in 0..channels {
+                let from = source(c);
+                for p in 0..plane {
+                    put(c, canvas[p * channels + from]);
                 }
             }
         }
-        // Refused when the model is loaded.
-        _ => unreachable!("an image input is UINT8, FP16 or FP32: checked at load, this is a bug"),
+        Layout::Nhwc => {
+            for p in 0..plane {
+                for c in 0..channels {
+                    put(c, canvas[p * channels + source(c)]);
+                }
+            }
+        }
     }
 }
 
