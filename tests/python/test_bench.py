@@ -51,6 +51,21 @@ def test_the_rerank_protocol_scores_every_passage_and_the_engine_runs_its_pairs(
     assert engine["calls"] > 0 and 1.0 <= engine["padding_waste"] < 1.5, engine
 
 
+def test_the_image_protocol_sends_a_picture_and_the_engine_runs_its_tensor(server_url, tmp_path):
+    picture = ROOT / "tests" / "data" / "photos" / "rocket.jpg"
+    run("http", "--url", f"http://{server_url}", "--model", "orientation", "--protocol", "image", "--body",
+        str(picture), "--concurrency", "2", "--warmup", "0.2", "--duration", "0.5", "--quiet", "--out", str(tmp_path),
+        "--name", "image")
+    [report] = json.loads((tmp_path / "image.json").read_text())
+    # A picture the server could not read would be a 400, counted as an error.
+    assert report["requests_ok"] > 0 and report["errors"] == {}, report
+    run("engine", "--model-dir", str(ROOT / "models" / "orientation"), "--picture", str(picture), "--batch-sizes",
+        "2", "--warmup", "0.1", "--duration", "0.3", "--onnxruntime-lib",
+        str(ROOT / ".cache/onnxruntime/libonnxruntime.so.1.31.1"), "--out", str(tmp_path), "--name", "engine-image")
+    [engine] = json.loads((tmp_path / "engine-image.json").read_text())
+    assert engine["calls"] > 0 and engine["prepare_ms"] > 0, engine
+
+
 def test_an_open_loop_counts_errors_by_status(server_url, tmp_path):
     # A body the model refuses: every answer is a 400, counted, none is mistaken for a success.
     body = tmp_path / "bad.json"

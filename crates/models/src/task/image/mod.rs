@@ -8,6 +8,7 @@ mod pixels;
 mod readings;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use inferd_batcher::InferRequest;
@@ -224,31 +225,62 @@ impl Task for ImageTask {
         let no_reserve = |_: usize| Ok(());
         let reserve = request.reserve.as_deref().unwrap_or(&no_reserve);
         let config = &plan.config;
-        let started = std::time::Instant::now();
-        let mut decoded = Vec::with_capacity(files.len());
-        for (i, file) in files.iter().enumerate() {
-            let picture = pixels::decode(file, i, config, reserve)?;
-            let size = pixels::planned_size(config, plan.target, picture.width, picture.height);
-            decoded.push((picture, size));
-        }
-        // Pictures of one request share the tensor's size: a dynamic model's are padded to the largest.
-        let canvas = plan
-            .target
-            .unwrap_or_else(|| decoded.iter().fold((1, 1), |(w, h), (_, (pw, ph))| (w.max(*pw), h.max(*ph))));
-        let decoding = started.elapsed();
-        let started = std::time::Instant::now();
-        let (width, height) = canvas;
         let channels = config.channels.count();
-        let per_picture = width as usize * height as usize * channels * plan.dtype.size().unwrap_or(1);
-        reserve(per_picture * decoded.len())?;
-        let mut data = Vec::with_capacity(per_picture * decoded.len());
-        let mut geometries = Vec::with_capacity(decoded.len());
-        for (picture, size) in decoded {
-            let (pixels, geometry) = pixels::fit(config, &picture, size, canvas)?;
-            drop(picture);
-            pixels::write(config, plan.dtype, &pixels, width, height, &mut data);
-            geometries.push(geometry);
-        }
+        let bytes_per_picture =
+            |(w, h): (u32, u32)| w as usize * h as usize * channels * plan.dtype.size().unwrap_or(1);
+        let (mut decoding, mut resizing) = (Duration::ZERO, Duration::ZERO);
+        let mut geometries = Vec::with_capacity(files.len());
+        let (canvas, data) = match plan.target {
+            // A fixed size: each picture is decoded and made into its row before the next is decoded, so a request
+            // holds one decoded picture at a time, and the budget is held for the largest.
+            Some(canvas) => {
+                reserve(bytes_per_picture(canvas) * files.len())?;
+                let mut data = Vec::with_capacity(bytes_per_picture(canvas) * files.len());
+                let mut held = 0;
+                for (i, file) in files.iter().enumerate() {
+                    let started = Instant::now();
+                    let picture = pixels::decode(file, i, config, &mut |bytes| {
+                        if bytes > held {
+                            reserve(bytes - held)?;
+                            held = bytes;
+                        }
+                        Ok(())
+                    })?;
+                    decoding += started.elapsed();
+                    let started = Instant::now();
+                    let (pixels, geometry) = pixels::fit(config, &picture, canvas, canvas)?;
+                    drop(picture);
+                    pixels::write(config, plan.dtype, &pixels, canvas.0, canvas.1, &mut data);
+                    geometries.push(geometry);
+                    resizing += started.elapsed();
+                }
+                (canvas, data)
+            }
+            // Each picture's own size, padded to the request's largest: every picture is decoded first.
+            None => {
+                let started = Instant::now();
+                let mut decoded = Vec::with_capacity(files.len());
+                for (i, file) in files.iter().enumerate() {
+                    let picture = pixels::decode(file, i, config, &mut |bytes| reserve(bytes))?;
+                    let size = pixels::planned_size(config, None, picture.width, picture.height);
+                    decoded.push((picture, size));
+                }
+                let canvas = decoded.iter().fold((1, 1), |(w, h), (_, (pw, ph))| (w.max(*pw), h.max(*ph)));
+                decoding = started.elapsed();
+                let started = Instant::now();
+                reserve(bytes_per_picture(canvas) * decoded.len())?;
+                let mut data = Vec::with_capacity(bytes_per_picture(canvas) * decoded.len());
+                for (picture, size) in decoded {
+                    let (pixels, geometry) = pixels::fit(config, &picture, size, canvas)?;
+                    drop(picture);
+                    pixels::write(config, plan.dtype, &pixels, canvas.0, canvas.1, &mut data);
+                    geometries.push(geometry);
+                }
+                resizing = started.elapsed();
+                (canvas, data)
+            }
+        };
+        let (width, height) = canvas;
         let (w, h, c) = (width as usize, height as usize, channels);
         let shape = match config.layout {
             Layout::Nchw => vec![geometries.len(), c, h, w],
@@ -263,7 +295,7 @@ impl Task for ImageTask {
                 Ok(Answer { tensors: outputs, tokens: 0, pictures })
             }),
         );
-        prepared.stages = vec![("decode", decoding), ("resize", started.elapsed())];
+        prepared.stages = vec![("decode", decoding), ("resize", resizing)];
         Ok(prepared)
     }
 

@@ -44,13 +44,13 @@ pub struct Decoded {
     pub pixels: Vec<u8>,
 }
 
-/// Decodes picture `index` of a request. `reserve` holds its decoded bytes (from the header) before they are
-/// allocated; a picture over `max_pixels`, or not a picture, or a broken one, is the client's fault.
+/// Decodes picture `index` of a request. `reserve` is told its decoded bytes (from the header) before they are
+/// allocated, and may refuse them; a picture over `max_pixels`, or not a picture, or a broken one, is the client's fault.
 pub fn decode(
     file: &[u8],
     index: usize,
     config: &ImageConfig,
-    reserve: &dyn Fn(usize) -> Result<(), TaskError>,
+    reserve: &mut dyn FnMut(usize) -> Result<(), TaskError>,
 ) -> Result<Decoded, TaskError> {
     let invalid = |what: String| TaskError::Invalid(format!("picture {index}: {what}"));
     if file.is_empty() {
