@@ -112,7 +112,7 @@ for m, model in enumerate(("orientation", "nudenet")):
                 (f"{model} c=16: inferd / limit with decoding", rows[1][1] / limit, ">= 0.85"),
                 (f"{model} c=16: inferd / Python peer", rows[1][1] / rows[1][0], ">= 1"),
                 (f"{model} c=1: inferd / Python peer", rows[0][1] / rows[0][0], ">= 1")]
-print(f"{'target':<40} {'value':>8}  goal")
+print(f"{'target':<44} {'value':>8}  goal")
 for name, value, goal in targets:
-    print(f"{name:<40} {value:>8.3f}  {goal}")
+    print(f"{name:<44} {value:>8.3f}  {goal}")
 PY

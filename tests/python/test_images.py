@@ -300,6 +300,8 @@ def test_pictures_come_raw_in_forms_and_in_base64(vision):
     assert both[0] == single[0] and len(both) == 2
     b64 = base64.b64encode(page).decode()
     assert labels(requests.post(url, json={"image": b64})) == single
+    # As the `base64` tool writes it, in lines of 76.
+    assert labels(requests.post(url, json={"image": base64.encodebytes(page).decode()})) == single
     assert labels(requests.post(url, json={"images": [b64, "data:image/jpeg;base64," + base64.b64encode(rocket).decode()]})) == both
     # The scores of one picture do not depend on the pictures batched with it.
     r1 = requests.post(url, data=rocket, headers={"Content-Type": "image/jpeg"}).json()
@@ -348,7 +350,7 @@ def bomb_png(width=50_000, height=50_000):
 
 BAD = [
     ("bomb", bomb_png(), "50000 × 50000 pixels"),
-    ("truncated jpeg", photo("rocket.jpg")[:30_000], "truncated"),
+    ("truncated jpeg", photo("rocket.jpg")[:30_000], "ends before its end-of-image marker"),
     ("truncated png", photo("astronaut.png")[:200_000], "truncated or corrupt"),
     ("random bytes", np.random.default_rng(7).bytes(4096), "not a picture"),
     ("empty", b"", "empty"),
@@ -389,13 +391,66 @@ def test_bad_pictures_get_a_400_and_leave_memory_flat(tmp_path):
         r = requests.post(url, json={"input": [[1.0]]})
         assert r.status_code == 400 and "image" in r.json()["error"], r.text
         r = requests.post(url, data=b"--x--", headers={"Content-Type": "multipart/form-data; boundary=y"})
-        assert r.status_code == 400, r.text
+        assert r.status_code == 400 and "malformed multipart" in r.json()["error"], r.text
+        r = requests.post(url, data=b"--y--\r\n", headers={"Content-Type": "multipart/form-data; boundary=y"})
+        assert r.status_code == 400 and "no picture was sent" in r.json()["error"], r.text
+        r = requests.post(url, files={"model": (None, "orientation")})
+        assert r.status_code == 400 and "form field `model` is not a file" in r.json()["error"], r.text
         # The server still serves.
         r = requests.post(url, data=photo("page.png"), headers={"Content-Type": "image/png"})
         assert r.status_code == 200, r.text
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
+
+
+def sized(name, width, height, fmt="PNG"):
+    """The photo `name` resized to `width` x `height` and encoded as `fmt`."""
+    out = io.BytesIO()
+    Image.open(PHOTOS / name).convert("RGB").resize((width, height), Image.BILINEAR).save(out, fmt)
+    return out.getvalue()
+
+
+def test_pictures_of_awkward_sizes_fit(vision, tmp_path):
+    """Sizes whose resize factors are not exact in floating point (116 to 224 is 116.00000000000001 back), and
+    extreme proportions: each is answered, with the same boxes ONNX Runtime finds."""
+    address, _ = vision
+    for width, height in [(116, 116), (29, 58), (321, 182), (1920, 427), (3000, 7)]:
+        data = sized("astronaut.png", width, height)
+        r = requests.post(f"http://{address}/models/orientation/predict", data=data,
+                          headers={"Content-Type": "image/png"})
+        if (width, height) == (3000, 7):
+            # Its shorter side to 256 would make it 109,714 pixels long before the crop: refused, not computed.
+            assert r.status_code == 400 and "3000 × 7 is too narrow" in r.json()["error"], r.text
+        else:
+            assert r.status_code == 200, (width, height, r.text)
+        r = requests.post(f"http://{address}/models/nudenet/predict", data=data, headers={"Content-Type": "image/png"})
+        assert r.status_code == 200, (width, height, r.text)
+        got = r.json()["predictions"][0]["outputs"]["output0"]
+        want = nudenet_reference(data)
+        assert [d["label"] for d in got] == [label for label, _, _ in want], (width, height)
+        for d, (_, _, box) in zip(got, want):
+            assert iou(d["box"], box) >= 0.99, (width, height, d["box"], box)
+
+
+def test_decoded_pictures_count_against_the_in_flight_budget(tmp_path):
+    """A 6000 x 6000 grey PNG is some 40 KB, within max_pixels, but decodes to 36 MB of grey and 108 MB of RGB: the
+    budget is held for it, from the file's header, before any of it is allocated."""
+    (tmp_path / "orientation").symlink_to(ORIENTATION)
+    out = io.BytesIO()
+    Image.new("L", (6000, 6000), 200).save(out, "PNG")
+    big = out.getvalue()
+    assert len(big) < 1_000_000
+    with start_inferd(tmp_path, "--max-inflight-bytes", str(64 << 20)) as address:
+        url = f"http://{address}/models/orientation/predict"
+        r = requests.post(url, data=big, headers={"Content-Type": "image/png"})
+        assert r.status_code == 413 and "in-flight budget" in r.json()["error"], r.text
+        r = requests.post(url, data=photo("page.png"), headers={"Content-Type": "application/octet-stream"})
+        assert r.status_code == 200, r.text
+    with start_inferd(tmp_path) as address:
+        r = requests.post(f"http://{address}/models/orientation/predict", data=big,
+                          headers={"Content-Type": "image/png"})
+        assert r.status_code == 200 and r.json()["predictions"][0]["width"] == 6000, r.text
 
 
 def test_pictures_of_concurrent_requests_batch_together(tmp_path):

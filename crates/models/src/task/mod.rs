@@ -163,11 +163,14 @@ pub struct Prepared {
     pub finish: Finish,
     /// How long each named step of preparing took (a vision model's `decode` and `resize`), for the metrics.
     pub stages: Vec<(&'static str, Duration)>,
+    /// Whether the task has already held the request's tensors against the in-flight budget (through
+    /// [`Request::reserve`], before it made them), so that they are not counted twice.
+    pub counted: bool,
 }
 
 impl Prepared {
     pub fn new(request: InferRequest, finish: Finish) -> Self {
-        Prepared { request, finish, stages: Vec::new() }
+        Prepared { request, finish, stages: Vec::new(), counted: false }
     }
 
     /// A text request's token sequences (each its token inputs `[1, len]`), for the engine benchmark.

@@ -99,10 +99,12 @@ pub async fn infer(
         state.metrics().prepare_stage(model.name(), stage, took);
     }
     let mut request = prepared.request;
-    hold.take(match &request.inputs {
-        Inputs::Rows(tensors) => tensor_bytes(tensors.iter()),
-        Inputs::Sequences(sequences) => tensor_bytes(sequences.iter().flatten()),
-    })?;
+    if !prepared.counted {
+        hold.take(match &request.inputs {
+            Inputs::Rows(tensors) => tensor_bytes(tensors.iter()),
+            Inputs::Sequences(sequences) => tensor_bytes(sequences.iter().flatten()),
+        })?;
+    }
     // Preparing may have run on the blocking pool: the request's span is this task's.
     request.span = tracing::Span::current();
     let per_token = request.hidden_states;
@@ -143,7 +145,8 @@ pub fn classify_outputs(
     for &(i, k) in asked {
         let output = tensors.get(i).ok_or_else(|| CodecError::Encode(format!("the engine returned no output {i}")))?;
         let name = model.metadata().outputs.get(i).map_or("", |s| s.name.as_str());
-        tensors[i] = inferd_models::triton_classification(output, k, model.task.labels(i))
+        let batched = model.batching.max_batch_size > 0;
+        tensors[i] = inferd_models::triton_classification(output, k, model.task.labels(i), batched)
             .map_err(|e| CodecError::Invalid(format!("output `{}`: {e}", quoted(name))))?;
     }
     Ok(())

@@ -17,7 +17,7 @@ use crate::budget::Hold;
 use crate::codec::json::NestedJson;
 use crate::codec::CodecError;
 use crate::error::AppError;
-use crate::ops::infer::{decode, encode, infer, Served};
+use crate::ops::infer::{decode, encode, infer, off_runtime_if, Served, INLINE_WORK_BYTES};
 use crate::state::AppState;
 
 /// How a body carries pictures, by its `Content-Type`.
@@ -25,17 +25,18 @@ use crate::state::AppState;
 pub enum Carrier {
     /// The body is one encoded picture.
     Raw,
-    /// Each part of the form is one picture.
+    /// Each file part of the form is one picture.
     Multipart { boundary: String },
 }
 
-/// How the body of a request with `headers` carries pictures; `None`: it is JSON (or says nothing), read as the
-/// seed's tensors or, for a vision model, as base64 pictures.
-pub fn carrier(headers: &HeaderMap) -> Result<Option<Carrier>, AppError> {
+/// How the body of a request with `headers` carries pictures: `image/*` and `multipart/form-data` always; an
+/// `application/octet-stream` body when the model takes pictures (`takes_images`). `None`: it is JSON (or says
+/// nothing), read as the seed's tensors or, for a vision model, as base64 pictures.
+pub fn carrier(headers: &HeaderMap, takes_images: bool) -> Result<Option<Carrier>, AppError> {
     let Some(value) = headers.get(header::CONTENT_TYPE) else { return Ok(None) };
     let value = value.to_str().unwrap_or_default();
     let essence = value.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
-    if essence.starts_with("image/") {
+    if essence.starts_with("image/") || (takes_images && essence == "application/octet-stream") {
         return Ok(Some(Carrier::Raw));
     }
     if essence == "multipart/form-data" {
@@ -46,21 +47,42 @@ pub fn carrier(headers: &HeaderMap) -> Result<Option<Carrier>, AppError> {
     Ok(None)
 }
 
-/// The pictures of a body carried as `carrier`.
+/// The pictures of a body carried as `carrier`. A form is parsed off the runtime when it is large.
 async fn pictures(carrier: Carrier, body: Bytes) -> Result<Vec<Bytes>, AppError> {
     match carrier {
         Carrier::Raw => Ok(vec![body]),
         Carrier::Multipart { boundary } => {
-            let stream = futures_util::stream::once(async move { Ok::<Bytes, std::convert::Infallible>(body) });
-            let mut form = multer::Multipart::new(stream, boundary);
-            let mut files = Vec::new();
-            let bad = |e: multer::Error| AppError::bad_request(format!("a malformed multipart/form-data body: {e}"));
-            while let Some(field) = form.next_field().await.map_err(bad)? {
-                files.push(field.bytes().await.map_err(bad)?);
-            }
-            Ok(files)
+            let large = body.len() > INLINE_WORK_BYTES;
+            // The whole body is in memory: parsing it never waits, so it completes on the first poll.
+            off_runtime_if(large, move || {
+                use futures_util::FutureExt as _;
+                form_files(body, boundary)
+                    .now_or_never()
+                    .unwrap_or_else(|| Err(AppError::internal("parsing a form in memory waited: this is a bug")))
+            })
+            .await?
         }
     }
+}
+
+/// The files of a `multipart/form-data` body, in order. A part that is not a file (no file name, and a text type or
+/// none) is refused: a picture sent as a text field would otherwise be read as one, or a form field taken for one.
+async fn form_files(body: Bytes, boundary: String) -> Result<Vec<Bytes>, AppError> {
+    let stream = futures_util::stream::once(async move { Ok::<Bytes, std::convert::Infallible>(body) });
+    let mut form = multer::Multipart::new(stream, boundary);
+    let mut files = Vec::new();
+    let bad = |e: multer::Error| AppError::bad_request(format!("a malformed multipart/form-data body: {e}"));
+    while let Some(field) = form.next_field().await.map_err(bad)? {
+        let text = field.content_type().is_none_or(|t| t.type_() == "text");
+        if field.file_name().is_none() && text {
+            let name = field.name().unwrap_or_default().to_owned();
+            return Err(AppError::bad_request(format!(
+                "form field `{name}` is not a file: send each picture as a file part (curl -F {name}=@photo.jpg)"
+            )));
+        }
+        files.push(field.bytes().await.map_err(bad)?);
+    }
+    Ok(files)
 }
 
 /// The seed's JSON body for a vision model: pictures in base64.
@@ -95,8 +117,10 @@ fn decode_json(body: &[u8]) -> Result<Vec<Bytes>, CodecError> {
                 Some(url) => url.split_once(',').map_or("", |(_, data)| data),
                 None => text,
             };
+            // Line breaks are allowed, as `base64` writes them.
+            let payload: Vec<u8> = payload.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
             base64::engine::general_purpose::STANDARD
-                .decode(payload.trim())
+                .decode(payload)
                 .map(Bytes::from)
                 .map_err(|e| CodecError::Invalid(format!("picture {i}: not base64: {e}")))
         })
@@ -186,7 +210,7 @@ mod tests {
         let with = |value: &str| {
             let mut headers = HeaderMap::new();
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_str(value).expect("header"));
-            carrier(&headers)
+            carrier(&headers, false)
         };
         assert_eq!(with("image/jpeg").expect("ok"), Some(Carrier::Raw));
         assert_eq!(with("Image/PNG; q=1").expect("ok"), Some(Carrier::Raw));
@@ -196,13 +220,28 @@ mod tests {
         );
         assert!(with("multipart/form-data").expect_err("no boundary").message.contains("boundary"));
         assert_eq!(with("application/json").expect("ok"), None);
-        assert_eq!(carrier(&HeaderMap::new()).expect("ok"), None);
+        assert_eq!(carrier(&HeaderMap::new(), true).expect("ok"), None);
+        let mut octets = HeaderMap::new();
+        octets.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+        assert_eq!(carrier(&octets, true).expect("ok"), Some(Carrier::Raw));
+        assert_eq!(carrier(&octets, false).expect("ok"), None);
+    }
+
+    #[tokio::test]
+    async fn every_part_of_a_form_is_a_picture_file() {
+        let body = "--b\r\nContent-Disposition: form-data; name=\"a\"; filename=\"a.png\"\r\nContent-Type: image/png\r\n\r\n\
+                    PNG\r\n--b\r\nContent-Disposition: form-data; name=\"b\"\r\nContent-Type: image/jpeg\r\n\r\nJPG\r\n--b--\r\n";
+        let files = form_files(Bytes::from(body), "b".into()).await.expect("two files");
+        assert_eq!(files, [Bytes::from_static(b"PNG"), Bytes::from_static(b"JPG")]);
+        let body = "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nresnet\r\n--b--\r\n";
+        let err = form_files(Bytes::from(body), "b".into()).await.expect_err("a text field");
+        assert!(err.message.contains("form field `model` is not a file"), "{}", err.message);
     }
 
     #[test]
     fn json_pictures_are_base64_or_data_urls() {
-        let files = decode_json(br#"{"images": ["aGk=", "data:image/png;base64,aGk="]}"#).expect("two");
-        assert_eq!(files, [Bytes::from_static(b"hi"), Bytes::from_static(b"hi")]);
+        let files = decode_json(br#"{"images": ["aGk=", "data:image/png;base64,aGk=", "aG\nk="]}"#).expect("three");
+        assert_eq!(files, [Bytes::from_static(b"hi"), Bytes::from_static(b"hi"), Bytes::from_static(b"hi")]);
         let err = decode_json(br#"{"image": "not base64!"}"#).expect_err("bad");
         assert!(err.to_string().contains("picture 0: not base64"), "{err}");
         let err = decode_json(br#"{"image": "aGk=", "images": []}"#).expect_err("both");

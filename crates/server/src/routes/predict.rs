@@ -83,12 +83,12 @@ async fn predict(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, AppError> {
     let body = body.map_err(body_error)?;
-    let carrier = super::images::carrier(&headers)?;
-    if carrier.is_none() && is_tei(&body) {
+    if super::images::carrier(&headers, false)?.is_none() && is_tei(&body) {
         return Ok(tei_predict(&state, model, &hold, body).await.unwrap_or_else(IntoResponse::into_response));
     }
     let deadline = queue_deadline(&headers)?;
     let model = model?.serving(state.registry())?;
+    let carrier = super::images::carrier(&headers, model.task.takes_images())?;
     if carrier.is_some() || model.task.takes_images() {
         return super::images::predict(&state, &model, &hold, carrier, body, deadline).await;
     }

@@ -146,8 +146,8 @@ impl ImageTask {
     }
 }
 
-/// The file a `BYTES` element holds in base64 (or as a `data:` URL); `None` when it is not base64 text but, say, the
-/// file itself.
+/// The file a `BYTES` element holds in base64 (or as a `data:` URL; line breaks allowed, as `base64` writes them);
+/// `None` when it is not base64 text but, say, the file itself.
 fn unbase64(element: &[u8]) -> Option<Vec<u8>> {
     use base64::Engine as _;
     let text = std::str::from_utf8(element).ok()?.trim();
@@ -155,6 +155,7 @@ fn unbase64(element: &[u8]) -> Option<Vec<u8>> {
         Some(url) => url.split_once(',')?.1,
         None => text,
     };
+    let payload: Vec<u8> = payload.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
     base64::engine::general_purpose::STANDARD.decode(payload).ok()
 }
 
@@ -248,7 +249,7 @@ impl Task for ImageTask {
                     })?;
                     decoding += started.elapsed();
                     let started = Instant::now();
-                    let (pixels, geometry) = pixels::fit(config, &picture, canvas, canvas)?;
+                    let (pixels, geometry) = pixels::fit(config, &picture, i, canvas, canvas)?;
                     drop(picture);
                     pixels::write(config, plan.dtype, &pixels, canvas.0, canvas.1, &mut data);
                     geometries.push(geometry);
@@ -270,8 +271,8 @@ impl Task for ImageTask {
                 let started = Instant::now();
                 reserve(bytes_per_picture(canvas) * decoded.len())?;
                 let mut data = Vec::with_capacity(bytes_per_picture(canvas) * decoded.len());
-                for (picture, size) in decoded {
-                    let (pixels, geometry) = pixels::fit(config, &picture, size, canvas)?;
+                for (i, (picture, size)) in decoded.into_iter().enumerate() {
+                    let (pixels, geometry) = pixels::fit(config, &picture, i, size, canvas)?;
                     drop(picture);
                     pixels::write(config, plan.dtype, &pixels, canvas.0, canvas.1, &mut data);
                     geometries.push(geometry);
@@ -296,6 +297,7 @@ impl Task for ImageTask {
             }),
         );
         prepared.stages = vec![("decode", decoding), ("resize", resizing)];
+        prepared.counted = true;
         Ok(prepared)
     }
 
@@ -344,6 +346,12 @@ impl Plan {
                     rows
                 }
             };
+            if rows.len() != pictures {
+                return Err(TaskError::Internal(format!(
+                    "an output of shape {:?} has no row for each of the {pictures} pictures",
+                    output.shape()
+                )));
+            }
             for (answer, reading) in answers.iter_mut().zip(rows) {
                 answer.readings.push(reading);
             }

@@ -11,6 +11,9 @@ use inferd_core::{Anchor, Channels, DataType, Filter, ImageConfig, Layout, Resiz
 
 use super::super::TaskError;
 
+/// The longest side a picture is resized to on its way to a crop.
+pub const MAX_RESIZED_SIDE: u32 = 1 << 16;
+
 /// The formats decoded, as errors name them.
 pub const FORMATS: &str = "JPEG, PNG, WebP or BMP";
 
@@ -81,7 +84,11 @@ pub fn decode(
             config.max_pixels
         )));
     }
-    reserve(usize::try_from(decoder.total_bytes()).unwrap_or(usize::MAX))?;
+    // At its peak a picture is held in the file's own format and as 8-bit RGB, and again when EXIF turns it (a grey
+    // model's luma plane is smaller than that copy): the budget holds all of it before any is allocated.
+    let rgb = pixels.saturating_mul(3);
+    let peak = decoder.total_bytes().saturating_add(rgb.saturating_mul(2));
+    reserve(usize::try_from(peak).unwrap_or(usize::MAX))?;
     let orientation = decoder.orientation().unwrap_or(image::metadata::Orientation::NoTransforms);
     let mut picture = DynamicImage::from_decoder(decoder)
         .map_err(|e| invalid(format!("cannot decode the {name}, it is truncated or corrupt: {e}")))?;
@@ -146,12 +153,25 @@ pub fn planned_size(config: &ImageConfig, target: Option<(u32, u32)>, width: u32
 pub fn fit(
     config: &ImageConfig,
     picture: &Decoded,
+    index: usize,
     size: (u32, u32),
     canvas: (u32, u32),
 ) -> Result<(Vec<u8>, Geometry), TaskError> {
     let (w, h) = (picture.width, picture.height);
     let (tw, th) = size;
     let (fw, fh) = (f64::from(w), f64::from(h));
+    if config.resize == Resize::Crop {
+        // The shorter side to `shorter_side`: a picture of extreme proportions would be resized far past any
+        // model's size before its centre is cut out.
+        let r = f64::from(config.shorter_side.unwrap_or(tw.max(th))) / fw.min(fh);
+        if (fw.max(fh) * r).round() > f64::from(MAX_RESIZED_SIDE) {
+            return Err(TaskError::Invalid(format!(
+                "picture {index}: {w} × {h} is too narrow for this model: its shorter side resized to {} pixels makes \
+                 its longer side more than {MAX_RESIZED_SIDE}",
+                (fw.min(fh) * r).round()
+            )));
+        }
+    }
     // (resized width, height; its top left corner in the canvas; the part of the resized picture kept)
     let (rw, rh, left, top, crop) = match config.resize {
         Resize::Stretch | Resize::Multiple => (tw, th, 0i64, 0i64, None),
@@ -239,19 +259,25 @@ fn resize(filter: Filter, picture: &Decoded, channels: usize, window: Window) ->
         resizer.resize(&src, &mut dst, &options).map_err(|e| internal(&e))?;
         Ok::<_, TaskError>(dst.into_vec())
     };
-    let (fw, fh) = (f64::from(w), f64::from(h));
-    let (sx, sy) = (fw / f64::from(window.size.0), fh / f64::from(window.size.1));
+    // The source span (start, length) that `len` resized pixels from `start` come from: its end kept inside the
+    // picture, where floating point would put it a hair past the edge (116 × 224 / 224 is 116.00000000000001).
+    let span = |start: u32, len: u32, resized: u32, side: u32| {
+        let (scale, side) = (f64::from(side) / f64::from(resized), f64::from(side));
+        let from = (f64::from(start) * scale).min(side);
+        let to = (f64::from(start + len) * scale).min(side);
+        (from, to - from)
+    };
     let across = if (window.size.0, window.width) == (w, w) {
         picture.pixels.clone()
     } else {
-        let crop = (f64::from(window.left) * sx, 0.0, f64::from(window.width) * sx, fh);
-        pass(&picture.pixels, (w, h), (window.width, h), crop)?
+        let (left, width) = span(window.left, window.width, window.size.0, w);
+        pass(&picture.pixels, (w, h), (window.width, h), (left, 0.0, width, f64::from(h)))?
     };
     if (window.size.1, window.height) == (h, h) {
         return Ok(across);
     }
-    let crop = (0.0, f64::from(window.top) * sy, f64::from(window.width), f64::from(window.height) * sy);
-    pass(&across, (window.width, h), (window.width, window.height), crop)
+    let (top, height) = span(window.top, window.height, window.size.1, h);
+    pass(&across, (window.width, h), (window.width, window.height), (0.0, top, f64::from(window.width), height))
 }
 
 /// Nearest-neighbour resampling with Pillow's sampling positions: the source pixel under each output pixel's centre,
@@ -339,7 +365,7 @@ mod tests {
     #[test]
     fn letterbox_keeps_the_aspect_ratio_and_maps_boxes_back() {
         let c = config("resize = \"letterbox\"");
-        let (canvas, g) = fit(&c, &picture(200, 100), (64, 64), (64, 64)).expect("fit");
+        let (canvas, g) = fit(&c, &picture(200, 100), 0, (64, 64), (64, 64)).expect("fit");
         assert_eq!(canvas.len(), 64 * 64 * 3);
         assert_eq!((g.scale_x, g.scale_y, g.left, g.top), (0.32, 0.32, 0.0, 16.0));
         // The padding above the picture holds the pad value.
@@ -351,10 +377,27 @@ mod tests {
     #[test]
     fn crop_cuts_the_centre_of_the_shorter_side_resized() {
         let c = config("resize = \"crop\"\nshorter_side = 4");
-        let (canvas, g) = fit(&c, &picture(16, 8), (4, 4), (4, 4)).expect("fit");
+        let (canvas, g) = fit(&c, &picture(16, 8), 0, (4, 4), (4, 4)).expect("fit");
         assert_eq!(canvas.len(), 4 * 4 * 3);
         assert_eq!((g.scale_x, g.left, g.top), (0.5, -2.0, 0.0));
         assert_eq!(g.to_picture(2.0, 2.0), (8.0, 4.0));
+    }
+
+    #[test]
+    fn resizing_never_reads_past_the_picture_where_floating_point_would() {
+        // 116 × (116 / 224) × 224 is a hair over 116 in f64: a crop box past the edge would be refused.
+        let c = config("");
+        for (w, h) in [(116, 116), (29, 58), (123, 7)] {
+            let (canvas, _) = fit(&c, &picture(w, h), 0, (224, 224), (224, 224)).expect("fits");
+            assert_eq!(canvas.len(), 224 * 224 * 3);
+        }
+        let c = config("resize = \"letterbox\"");
+        for (w, h) in [(321, 182), (800, 217), (1920, 427)] {
+            assert!(fit(&c, &picture(w, h), 0, (320, 320), (320, 320)).is_ok(), "{w} × {h}");
+        }
+        let c = config("resize = \"crop\"\nfilter = \"nearest\"");
+        let err = fit(&c, &picture(400_000, 1), 3, (224, 224), (224, 224)).expect_err("too narrow");
+        assert!(err.to_string().starts_with("picture 3: 400000 × 1 is too narrow"), "{err}");
     }
 
     #[test]

@@ -88,29 +88,33 @@ pub fn classify(row: &[f32], config: &OutputConfig, labels: Option<&[String]>) -
     best(&row, config.top_k).into_iter().map(|(i, score)| class(i, score, labels)).collect()
 }
 
-/// Triton's classification extension: each row of `output` (`[batch, classes]`, or `[classes]`) as its best `k`
-/// classes, `"score:index"` or `"score:index:label"` strings, in a `BYTES` tensor of `[batch, k]` (or `[k]`). The
-/// scores are the model's own, as Triton gives them.
-pub fn triton_classification(output: &Tensor, k: usize, labels: Option<&[String]>) -> Result<Tensor, TaskError> {
+/// Triton's classification extension: each row of `output` (everything after its batch dimension when `batched`,
+/// else the whole tensor) as its best `k` classes, `"score:index"` or `"score:index:label"` strings, in a `BYTES`
+/// tensor of `[batch, k]` (or `[k]`). The scores are the model's own, as Triton gives them.
+pub fn triton_classification(
+    output: &Tensor,
+    k: usize,
+    labels: Option<&[String]>,
+    batched: bool,
+) -> Result<Tensor, TaskError> {
     let values = floats(output)
         .map_err(|_| TaskError::Invalid(format!("classification: the output is {}, not scores", output.dtype())))?;
-    let classes = output.shape().last().copied().unwrap_or(1).max(1);
+    let rows = if batched { output.shape().first().copied().unwrap_or(1) } else { 1 };
+    let classes = if rows == 0 { 0 } else { values.len() / rows };
     let k = k.min(classes);
-    let mut strings = Vec::with_capacity(values.len() / classes * k);
-    for row in values.chunks(classes) {
-        for (i, score) in best(row, k) {
-            let text = match labels.and_then(|l| l.get(i)) {
-                Some(label) => format!("{score:.6}:{i}:{label}"),
-                None => format!("{score:.6}:{i}"),
-            };
-            strings.push(text.into_bytes());
+    let mut strings = Vec::with_capacity(rows * k);
+    if classes > 0 {
+        for row in values.chunks(classes) {
+            for (i, score) in best(row, k) {
+                let text = match labels.and_then(|l| l.get(i)) {
+                    Some(label) => format!("{score:.6}:{i}:{label}"),
+                    None => format!("{score:.6}:{i}"),
+                };
+                strings.push(text.into_bytes());
+            }
         }
     }
-    let mut shape = output.shape().to_vec();
-    match shape.last_mut() {
-        Some(last) => *last = k,
-        None => shape.push(k),
-    }
+    let shape = if batched { vec![rows, k] } else { vec![k] };
     Tensor::from_byte_strings(shape, strings).map_err(|e| TaskError::Internal(e.to_string()))
 }
 
@@ -215,12 +219,21 @@ mod tests {
     fn triton_classification_strings() {
         let t = Tensor::from_slice(vec![2, 3], &[0.1f32, 0.7, 0.2, 0.5, 0.25, 0.25]).expect("tensor");
         let labels = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
-        let out = triton_classification(&t, 2, Some(&labels)).expect("classes");
+        let out = triton_classification(&t, 2, Some(&labels), true).expect("classes");
         assert_eq!(out.shape(), &[2, 2]);
         let strings: Vec<&[u8]> = out.byte_strings().expect("bytes").iter().map(Vec::as_slice).collect();
         assert_eq!(strings, [&b"0.700000:1:b"[..], b"0.200000:2:c", b"0.500000:0:a", b"0.250000:1:b"]);
-        let out = triton_classification(&t, 9, None).expect("classes");
+        let out = triton_classification(&t, 9, None, true).expect("classes");
         assert_eq!(out.shape(), &[2, 3]);
+        // Every element after the batch dimension is a class ([N, 3, 1, 1] as [N, 3]); without a batch dimension the
+        // whole tensor is one row, answered [k].
+        let t = Tensor::from_slice(vec![1, 3, 1, 1], &[0.1f32, 0.7, 0.2]).expect("tensor");
+        assert_eq!(triton_classification(&t, 2, None, true).expect("classes").shape(), &[1, 2]);
+        let out = triton_classification(&t, 2, None, false).expect("classes");
+        assert_eq!(out.shape(), &[2]);
+        assert_eq!(out.byte_strings().expect("bytes")[0], b"0.700000:1");
+        let empty = Tensor::from_slice(vec![2, 0], &[] as &[f32]).expect("tensor");
+        assert_eq!(triton_classification(&empty, 3, None, true).expect("no classes").shape(), &[2, 0]);
     }
 
     #[test]
