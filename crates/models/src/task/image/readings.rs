@@ -100,7 +100,7 @@ pub fn triton_classification(
     let values = floats(output)
         .map_err(|_| TaskError::Invalid(format!("classification: the output is {}, not scores", output.dtype())))?;
     let rows = if batched { output.shape().first().copied().unwrap_or(1) } else { 1 };
-    let classes = if rows == 0 { 0 } else { values.len() / rows };
+    let classes = values.len().checked_div(rows).unwrap_or(0);
     let k = k.min(classes);
     let mut strings = Vec::with_capacity(rows * k);
     if classes > 0 {
