@@ -54,6 +54,8 @@ fn config(dir: &Path, file: std::path::PathBuf, precision: Option<Precision>) ->
         task: inferd_core::Task::Tensors,
         text: Default::default(),
         warmup: Default::default(),
+        image: None,
+        postprocess: Vec::new(),
         onnx: OnnxOptions::default(),
         candle: Some(CandleOptions {
             architecture: "mlp".into(),
