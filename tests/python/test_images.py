@@ -151,6 +151,21 @@ def test_the_tensor_of_a_photo_is_pillows_within_one_grey_level(tmp_path):
             assert grey_levels(got, want, cfg) <= allowed, (name, cfg, grey_levels(got, want, cfg))
 
 
+def test_webp_and_bmp_pictures_are_the_same_pixels_as_png(tmp_path):
+    cfg = {"width": 128, "height": 96}
+    models = {"pixels": (PIXELS / "fp32.onnx", cfg, "[warmup]\nskip = true")}
+    img = Image.open(PHOTOS / "chelsea.png").convert("RGB")
+    files = {}
+    for fmt, options in (("PNG", {}), ("BMP", {}), ("WEBP", {"lossless": True})):
+        out = io.BytesIO()
+        img.save(out, fmt, **options)
+        files[fmt] = out.getvalue()
+    with start_inferd(repository(tmp_path, models)) as address:
+        tensors = {fmt: served_tensor(address, "pixels", data) for fmt, data in files.items()}
+    assert np.array_equal(tensors["BMP"], tensors["PNG"]) and np.array_equal(tensors["WEBP"], tensors["PNG"])
+    assert grey_levels(tensors["PNG"], reference(files["PNG"], cfg), cfg) <= 1.0 + 1e-3
+
+
 def exif_jpeg(data, orientation):
     """The photo `data` as a JPEG whose EXIF says it must be turned (`orientation`, 1-8) to be upright. Its chroma is
     not subsampled, so that decoders agree: with 4:2:0 chroma, inferd's JPEG decoder (zune-jpeg) and Pillow's

@@ -433,6 +433,40 @@ mod tests {
     }
 
     #[test]
+    fn broken_files_are_refused_and_never_panic() {
+        use image::ImageFormat;
+        // Headers that claim a large picture are refused cheaply: at most a megapixel is decoded per try.
+        let c = config("width = 32\nheight = 24\nresize = \"letterbox\"\nmax_pixels = 1000000");
+        let source = image::RgbImage::from_fn(64, 48, |x, y| image::Rgb([(x * 4) as u8, (y * 5) as u8, (x + y) as u8]));
+        let mut rng = fastrand::Rng::with_seed(7);
+        for format in [ImageFormat::Png, ImageFormat::Jpeg, ImageFormat::Bmp, ImageFormat::WebP] {
+            let mut file = Cursor::new(Vec::new());
+            DynamicImage::ImageRgb8(source.clone()).write_to(&mut file, format).expect("encodes");
+            let file = file.into_inner();
+            let whole = decode(&file, 0, &c, &mut |_| Ok(())).expect("the whole file decodes");
+            assert_eq!((whole.width, whole.height), (64, 48), "{format:?}");
+            for _ in 0..300 {
+                let mut broken = file.clone();
+                match rng.u8(0..3) {
+                    0 => broken.truncate(rng.usize(0..broken.len())),
+                    1 => {
+                        for _ in 0..rng.usize(1..8) {
+                            let i = rng.usize(0..broken.len());
+                            broken[i] = rng.u8(..);
+                        }
+                    }
+                    _ => broken.insert(rng.usize(0..broken.len()), rng.u8(..)),
+                }
+                // Either a clear refusal, or a picture that then fits.
+                if let Ok(picture) = decode(&broken, 0, &c, &mut |_| Ok(())) {
+                    let (canvas, _) = fit(&c, &picture, 0, (32, 24), (32, 24)).expect("a decoded picture fits");
+                    assert_eq!(canvas.len(), 32 * 24 * 3);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn pillow_luma_weights() {
         assert_eq!(luma(255, 255, 255), 255);
         assert_eq!(luma(255, 0, 0), 76);
