@@ -287,3 +287,67 @@ impl OutputConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+    use crate::config::ModelConfig;
+
+    fn parse(text: &str) -> crate::Result<ModelConfig> {
+        ModelConfig::parse("m", Path::new("/models/m"), text)
+    }
+
+    fn error_of(text: &str) -> String {
+        parse(text).expect_err("invalid").to_string()
+    }
+
+    #[test]
+    fn a_vision_model_reads_its_image_and_output_tables() {
+        let c = parse(
+            "backend = \"onnx\"\nfile = \"m.onnx\"\n[image]\nresize = \"letterbox\"\nanchor = \"top-left\"\n\
+             mean = [0.485, 0.456, 0.406]\nstd = 0.5\n[output.output0]\nkind = \"detection\"\n\
+             labels = \"labels.txt\"\n[output.probs]\nkind = \"classification\"\nlabels = [\"a\", \"b\"]\n",
+        );
+        let err = c.expect_err("std is a list").to_string();
+        assert!(err.contains("std"), "{err}");
+        let c = parse(
+            "backend = \"onnx\"\nfile = \"m.onnx\"\n[image]\nresize = \"letterbox\"\nanchor = \"top-left\"\n\
+             std = [0.5]\n[output.output0]\nkind = \"detection\"\nlabels = \"labels.txt\"\n\
+             [output.probs]\nkind = \"classification\"\nlabels = [\"a\", \"b\"]\n",
+        )
+        .expect("valid");
+        let image = c.image.expect("image");
+        assert_eq!((image.resize, image.anchor, image.pad_value), (Resize::Letterbox, Anchor::TopLeft, 114));
+        assert_eq!(image.mean_std(2), (0.0, 0.5));
+        assert_eq!(c.postprocess.len(), 2);
+        let (name, detection) = &c.postprocess[0];
+        assert_eq!((name.as_str(), detection.kind, detection.iou), ("output0", OutputKind::Detection, 0.45));
+        assert_eq!(detection.labels, Some(Labels::File(PathBuf::from("/models/m/labels.txt"))));
+        assert_eq!(c.postprocess[1].1.labels, Some(Labels::Names(vec!["a".into(), "b".into()])));
+    }
+
+    #[test]
+    fn image_settings_that_cannot_work_are_refused() {
+        let base = "backend = \"onnx\"\nfile = \"m.onnx\"\n";
+        let cases = [
+            (format!("{base}[image]\nmean = [1.0, 2.0]"), "image.mean: one value, or one per channel (3)"),
+            (format!("{base}[image]\nstd = [0.0]"), "image.std: must not be 0"),
+            (format!("{base}[image]\nshorter_side = 256"), "only applies with resize = \"crop\""),
+            (format!("{base}[image]\nresize = \"multiple\"\nwidth = 32"), "keeps each picture's own size"),
+            (format!("{base}[image]\nwidth = 0"), "image.width: must be between 1"),
+            (format!("{base}[image]\nresize = \"fit\""), "unknown variant `fit`"),
+            (format!("{base}[output.y]\nkind = \"classification\""), "add an [image] table"),
+            (format!("{base}[image]\n[output.y]\nkind = \"boxes\""), "output.y: unknown variant `boxes`"),
+            (format!("{base}[image]\n[output.y]\nkind = \"detection\"\niou = 2.0"), "output.y.iou"),
+            (format!("{base}[[output]]\nname = \"y\"\ndatatype = \"FLOAT\"\nshape = [-1]"), "unknown datatype"),
+            ("backend = \"candle\"\ntask = \"embed\"\n[image]\n".to_owned(), "task is the default"),
+        ];
+        for (text, expected) in cases {
+            let err = error_of(&text);
+            assert!(err.contains(expected), "{text:?}: expected {expected:?} in {err:?}");
+            assert!(!err.contains('\n'), "one line: {err:?}");
+        }
+    }
+}
