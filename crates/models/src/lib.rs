@@ -11,6 +11,6 @@ pub use inferd_onnx::OnnxSettings;
 pub use loader::{build_engine, load, EngineBuilder, EngineSettings, LoadedModel};
 pub use repository::{Defaults, Repository};
 pub use task::{
-    triton_classification, Answer, Class, Detection, Input, Picture, Prepared, Reading, Request, Reserve, Task,
-    TaskError, TextInput, Texts, Token,
+    file_from_base64, triton_classification, Answer, Class, Detection, Input, Picture, Prepared, Reading, Request,
+    Reserve, Task, TaskError, TextInput, Texts, Token,
 };

@@ -15,7 +15,7 @@ use inferd_batcher::InferRequest;
 use inferd_core::{ModelConfig, ModelMetadata, Tensor};
 
 pub use self::embed::{EmbedTask, TEXT_INPUT};
-pub use self::image::{triton_classification, Class, Detection, ImageTask, Picture, Reading};
+pub use self::image::{file_from_base64, triton_classification, Class, Detection, ImageTask, Picture, Reading};
 pub use self::score::{ScoreTask, QUERY_INPUT, SCORES_OUTPUT, SCORE_OUTPUT};
 pub use self::tensors::TensorTask;
 
@@ -143,7 +143,7 @@ pub struct Answer {
     pub tensors: Vec<Tensor>,
     /// Text models: the tokens the request took, special tokens included; 0 otherwise.
     pub tokens: usize,
-    /// Vision models: each picture's readings of the outputs (labels, boxes); empty otherwise.
+    /// Vision models sent [`Input::Images`]: each picture's readings of the outputs (labels, boxes); empty otherwise.
     pub pictures: Vec<Picture>,
 }
 

@@ -9,8 +9,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
-use inferd_models::{Input, LoadedModel, Picture, Reading, Request};
+use inferd_models::{file_from_base64, Input, LoadedModel, Picture, Reading, Request};
 use serde::{Deserialize, Serialize};
 
 use crate::budget::Hold;
@@ -112,15 +111,7 @@ fn decode_json(body: &[u8]) -> Result<Vec<Bytes>, CodecError> {
         .iter()
         .enumerate()
         .map(|(i, text)| {
-            // A data URL's payload follows its first comma.
-            let payload = match text.strip_prefix("data:") {
-                Some(url) => url.split_once(',').map_or("", |(_, data)| data),
-                None => text,
-            };
-            // Line breaks are allowed, as `base64` writes them.
-            let payload: Vec<u8> = payload.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-            base64::engine::general_purpose::STANDARD
-                .decode(payload)
+            file_from_base64(text)
                 .map(Bytes::from)
                 .map_err(|e| CodecError::Invalid(format!("picture {i}: not base64: {e}")))
         })

@@ -146,17 +146,23 @@ impl ImageTask {
     }
 }
 
-/// The file a `BYTES` element holds in base64 (or as a `data:` URL; line breaks allowed, as `base64` writes them);
-/// `None` when it is not base64 text but, say, the file itself.
+/// The file a `BYTES` element holds in base64 (or as a `data:` URL); `None` when it is not base64 text but, say, the
+/// file itself.
 fn unbase64(element: &[u8]) -> Option<Vec<u8>> {
+    file_from_base64(std::str::from_utf8(element).ok()?).ok()
+}
+
+/// A picture's file sent as base64 text: plain, or a `data:` URL (its payload follows the first comma); line breaks
+/// are allowed, as `base64` writes them. The JSON protocols' one reading of pictures in text.
+pub fn file_from_base64(text: &str) -> Result<Vec<u8>, base64::DecodeError> {
     use base64::Engine as _;
-    let text = std::str::from_utf8(element).ok()?.trim();
+    let text = text.trim();
     let payload = match text.strip_prefix("data:") {
-        Some(url) => url.split_once(',')?.1,
+        Some(url) => url.split_once(',').map_or("", |(_, data)| data),
         None => text,
     };
     let payload: Vec<u8> = payload.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-    base64::engine::general_purpose::STANDARD.decode(payload).ok()
+    base64::engine::general_purpose::STANDARD.decode(payload)
 }
 
 /// A one-row tensor without its batch dimension (the picture's own reading).
@@ -289,10 +295,13 @@ impl Task for ImageTask {
         };
         let input = Tensor::new(plan.dtype, shape, data).map_err(|e| TaskError::Internal(e.to_string()))?;
         let plan = self.plan.clone();
+        // The tensor protocols answer with the model's own outputs: labels and boxes are made only for pictures sent
+        // as pictures, whose protocol reads them.
+        let readings = matches!(request.input, Input::Images(_));
         let mut prepared = Prepared::new(
             InferRequest::new(vec![input]).with_deadline(request.deadline),
             Box::new(move |outputs| {
-                let pictures = plan.read(&outputs, &geometries)?;
+                let pictures = if readings { plan.read(&outputs, &geometries)? } else { Vec::new() };
                 Ok(Answer { tensors: outputs, tokens: 0, pictures })
             }),
         );
