@@ -23,6 +23,8 @@ pub struct CandleEngine {
     /// The dtype weights are held and computed in.
     dtype: DType,
     model: Architecture,
+    /// The weights file's tensors at the served dtype, read from its header.
+    weight_bytes: u64,
 }
 
 /// The built-in architectures.
@@ -189,9 +191,9 @@ impl CandleEngine {
             None => Precision::Fp32,
         };
         let dtype = dtype_of(precision);
+        let weight_bytes = memory::weights_bytes(&config.file, dtype)?;
         if let Some(memory) = gpu_memory(&device) {
-            let need = memory::weights_bytes(&config.file, dtype)?;
-            memory::check_fits(&config.name, need, precision, &device_name(&device), memory)?;
+            memory::check_fits(&config.name, weight_bytes, precision, &device_name(&device), memory)?;
         }
         let (model, inputs, outputs, text) = match (text, bert_config) {
             (Some(settings), Some(bert_config)) => {
@@ -228,6 +230,7 @@ impl CandleEngine {
             device,
             dtype,
             model,
+            weight_bytes,
         })
     }
 }
@@ -333,6 +336,10 @@ fn from_candle(t: &candle_core::Tensor, datatype: DataType) -> Result<Tensor> {
 impl Engine for CandleEngine {
     fn metadata(&self) -> &ModelMetadata {
         &self.metadata
+    }
+
+    fn weight_bytes(&self) -> Option<u64> {
+        Some(self.weight_bytes)
     }
 
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {

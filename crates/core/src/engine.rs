@@ -59,6 +59,12 @@ impl ModelMetadata {
 pub trait Engine: Send {
     fn metadata(&self) -> &ModelMetadata;
 
+    /// Bytes of weights this engine keeps resident (host memory on the CPU, device memory on a GPU), by its own
+    /// account of what it loaded; `None` where it cannot tell.
+    fn weight_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Runs one batch. `inputs` follow `metadata().inputs` in order, share their row count along dim 0, and fit
     /// their specs; the result follows `metadata().outputs`, each with the same row count.
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>>;

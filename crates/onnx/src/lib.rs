@@ -14,6 +14,8 @@ use ort::ep::{self, ExecutionProvider};
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, TensorElementType, ValueType};
 
+mod graph;
+
 /// The one ONNX Runtime environment of this process, once a library loaded. A failed load is not remembered:
 /// a later model may name a library that exists.
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -32,6 +34,11 @@ pub struct OnnxSettings {
     pub library: PathBuf,
     /// Intra-op threads for a model whose `[onnx]` table does not say.
     pub default_intra_op_threads: usize,
+}
+
+/// Bytes of the initializers `file`'s graph stores, read without ONNX Runtime; `None` where it cannot be read so.
+pub fn stored_weight_bytes(file: &Path) -> Option<u64> {
+    graph::stored(file).map(|s| s.weight_bytes)
 }
 
 /// Loads the ONNX Runtime library (once per process) and returns its environment.
@@ -76,6 +83,8 @@ fn loaded<'a>(runtime: &'a Runtime, asked: &Path) -> &'a Runtime {
 pub struct OnnxEngine {
     session: Session,
     metadata: ModelMetadata,
+    /// The graph's initializers as stored; `None` where the file could not be read apart from ONNX Runtime.
+    weight_bytes: Option<u64>,
     /// A text model: which graph output holds its embeddings (or logits), and how to pool them.
     text: Option<TextGraph>,
 }
@@ -130,11 +139,13 @@ impl OnnxEngine {
             },
         };
         let threads = config.onnx.intra_op_threads.unwrap_or(settings.default_intra_op_threads).max(1);
-        let (session, placement) = match open_session(runtime, config, threads, placement, default_precision) {
+        let stored = graph::stored(&config.file);
+        let options = SessionOptions { threads, fold_constants: fold_constants(config, stored), default_precision };
+        let (session, placement) = match open_session(runtime, config, &options, placement) {
             Ok(session) => (session, placement),
             Err(e) if placement == (Placement::Gpu { device: 0, required: false }) => {
                 tracing::warn!(model = %config.name, error = %e, "no usable GPU for ONNX Runtime: the model runs on the CPU");
-                (open_session(runtime, config, threads, Placement::Cpu, default_precision)?, Placement::Cpu)
+                (open_session(runtime, config, &options, Placement::Cpu)?, Placement::Cpu)
             }
             Err(e) => return Err(e),
         };
@@ -181,6 +192,7 @@ impl OnnxEngine {
         };
         Ok(OnnxEngine {
             session,
+            weight_bytes: stored.map(|s| s.weight_bytes),
             metadata: ModelMetadata { inputs, outputs, device, precision, platform: "onnxruntime_onnx", text },
             text: text_graph,
         })
@@ -192,14 +204,38 @@ fn tensorrt_fp16(config: &ModelConfig, default_precision: Precision) -> bool {
         && (config.onnx.tensorrt_fp16 || config.precision.unwrap_or(default_precision) == Precision::Fp16)
 }
 
+/// Whether a session folds constants: as `[onnx] fold_constants` says, else unless the graph stores weights that a
+/// `Cast` widens (see [`graph`]).
+fn fold_constants(config: &ModelConfig, stored: Option<graph::Stored>) -> bool {
+    let widened = stored.map_or(0, |s| s.widened_bytes);
+    config.onnx.fold_constants.unwrap_or_else(|| {
+        if widened > 0 {
+            tracing::info!(
+                model = %config.name,
+                narrow_weight_bytes = widened,
+                "the graph stores weights narrower than it computes with them: constant folding is off, so that \
+                 they stay stored narrow (set [onnx] fold_constants = true to widen them once at load instead)"
+            );
+        }
+        widened == 0
+    })
+}
+
+/// A session's settings, beside the model's own configuration.
+struct SessionOptions {
+    threads: usize,
+    fold_constants: bool,
+    default_precision: Precision,
+}
+
 fn open_session(
     runtime: &Runtime,
     config: &ModelConfig,
-    threads: usize,
+    options: &SessionOptions,
     placement: Placement,
-    default_precision: Precision,
 ) -> Result<Session> {
     let fail = |e: &dyn std::fmt::Display| Error::Engine(format!("model `{}`: {e}", config.name));
+    let SessionOptions { threads, fold_constants, default_precision } = *options;
     let mut builder = Session::builder(&runtime.environment)
         .and_then(|b| b.with_intra_threads(threads).map_err(Into::into))
         .and_then(|b| b.with_inter_threads(1).map_err(Into::into))
@@ -209,9 +245,15 @@ fn open_session(
         .and_then(|b| b.with_intra_op_spinning(false).map_err(Into::into))
         .and_then(|b| b.with_inter_op_spinning(false).map_err(Into::into))
         .map_err(|e| fail(&e))?;
+    if !fold_constants {
+        builder = builder.with_disabled_optimizers("ConstantFolding").map_err(|e| fail(&e))?;
+    }
+    // The CPU provider comes last, with or without its arena (`[onnx] cpu_arena`): it runs what a GPU's providers
+    // do not, and everything on the CPU.
+    let cpu = ep::CPU::default().with_arena_allocator(config.onnx.cpu_arena).build().error_on_failure();
+    let mut providers = Vec::new();
     if let Placement::Gpu { device, .. } = placement {
         let id = i32::try_from(device).map_err(|_| fail(&format!("no GPU numbered {device}")))?;
-        let mut providers = Vec::new();
         if config.onnx.tensorrt {
             providers.push(
                 ep::TensorRT::default()
@@ -221,10 +263,21 @@ fn open_session(
                     .error_on_failure(),
             );
         }
-        providers.push(ep::CUDA::default().with_device_id(id).build().error_on_failure());
+        // The CUDA arena grows by what a batch asks for, not to the next power of two, and no further than
+        // `[onnx] gpu_mem_limit`.
+        let mut cuda =
+            ep::CUDA::default().with_device_id(id).with_arena_extend_strategy(ep::ArenaExtendStrategy::SameAsRequested);
+        if let Some(limit) = config.onnx.gpu_mem_limit {
+            cuda = cuda.with_memory_limit(usize::try_from(limit).unwrap_or(usize::MAX));
+        }
+        providers.push(cuda.build().error_on_failure());
+        providers.push(cpu);
         builder = builder
             .with_execution_providers(providers)
             .map_err(|e| fail(&format!("cannot use GPU {device} (CUDA execution provider): {e}")))?;
+    } else {
+        providers.push(cpu);
+        builder = builder.with_execution_providers(providers).map_err(|e| fail(&e))?;
     }
     if !config.file.is_file() {
         return Err(Error::config(&config.file, "the model file named by `file` does not exist"));
@@ -424,6 +477,10 @@ fn run_error(e: ort::Error) -> Error {
 impl Engine for OnnxEngine {
     fn metadata(&self) -> &ModelMetadata {
         &self.metadata
+    }
+
+    fn weight_bytes(&self) -> Option<u64> {
+        self.weight_bytes
     }
 
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {

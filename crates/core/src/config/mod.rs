@@ -21,7 +21,7 @@ pub use image::{
     MAX_IMAGE_SIDE,
 };
 pub use kinds::{Backend, DeviceSpec, Pooling, Precision, Task};
-pub use options::{CandleOptions, OnnxOptions, TextOverrides, DEFAULT_TEXT_WEIGHTS};
+pub use options::{CandleOptions, MemoryOptions, OnnxOptions, TextOverrides, DEFAULT_TEXT_WEIGHTS};
 pub use tensor_spec::TensorSpec;
 pub use versions::VersionPolicy;
 pub use warmup::{WarmupConfig, WarmupInput, MAX_WARMUP_ELEMENTS};
@@ -61,6 +61,7 @@ pub struct ModelConfig {
     pub outputs: Vec<TensorSpec>,
     pub onnx: OnnxOptions,
     pub candle: Option<CandleOptions>,
+    pub memory: MemoryOptions,
     pub task: Task,
     /// A text model's settings from `model.toml`; the folder's own files fill in what they leave out.
     pub text: TextOverrides,
@@ -90,6 +91,8 @@ struct RawModelConfig {
     #[serde(default)]
     onnx: OnnxOptions,
     candle: Option<CandleOptions>,
+    #[serde(default)]
+    memory: MemoryOptions,
     #[serde(default)]
     task: Task,
     tokenizer: Option<PathBuf>,
@@ -205,6 +208,7 @@ impl ModelConfig {
             outputs,
             onnx: raw.onnx,
             candle,
+            memory: raw.memory,
             task: raw.task,
             text: TextOverrides {
                 tokenizer: raw.tokenizer.map(|t| dir.join(t)),
@@ -313,9 +317,7 @@ impl ModelConfig {
         if self.onnx != OnnxOptions::default() && self.backend != Backend::Onnx {
             return Err("onnx: only an onnx model takes an [onnx] table".into());
         }
-        if self.onnx.intra_op_threads == Some(0) {
-            return Err("onnx.intra_op_threads: must be at least 1".into());
-        }
+        self.onnx.validate()?;
         if self.task.is_text() && !self.warmup.inputs.is_empty() {
             return Err(
                 "warmup.inputs: a text model warms with texts of its longest length; only `skip` applies".into()
@@ -363,9 +365,8 @@ mod tests {
     #[test]
     fn a_minimal_onnx_model_takes_the_defaults() {
         let c = parse("backend = \"onnx\"\nfile = \"model.onnx\"\n").expect("valid");
-        assert_eq!(c.backend, Backend::Onnx);
+        assert_eq!((c.backend, c.device, c.memory.working_set), (Backend::Onnx, DeviceSpec::Auto, 0));
         assert_eq!(c.file, Path::new("/models/m/model.onnx"));
-        assert_eq!(c.device, DeviceSpec::Auto);
         assert_eq!(c.precision, None);
         assert_eq!(c.instances, 1);
         assert_eq!(c.batching, BatchingConfig::default());

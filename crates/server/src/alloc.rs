@@ -1,0 +1,46 @@
+//! The process's allocator: jemalloc, for every allocation in the process. Rust's go to it as the global
+//! allocator; ONNX Runtime's and the tokenizer's C and C++ ones too, since the binary exports jemalloc's unprefixed
+//! `malloc` and `free`, which the dynamic linker binds before the C library's. It reuses what a batch freed for the
+//! next batch, and a background thread gives pages back to the system once they have been idle for ten seconds,
+//! where glibc's malloc kept a burst's peak for the life of the process (benches/README.md, "Memory").
+
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// Gives every free page back to the system now, instead of over the next seconds: after a model loads, so that
+/// its warm-up's scratch memory is not counted as what the model costs.
+pub(crate) fn give_back_free_memory() {
+    // jemalloc's `arena.<MALLCTL_ARENAS_ALL>.purge`: a command that reads and writes nothing.
+    const PURGE_ALL: &[u8] = b"arena.4096.purge\0";
+    // SAFETY: the name is a NUL-terminated control name that jemalloc defines; with null old and new pointers and
+    // zero lengths, jemalloc neither reads nor writes through them.
+    #[allow(unsafe_code)]
+    let status = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            PURGE_ALL.as_ptr().cast(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    if status != 0 {
+        tracing::debug!(status, "jemalloc did not purge");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A purge after freeing a large block: jemalloc accepts the command, and the block's pages leave the process.
+    #[test]
+    fn freed_memory_leaves_the_process_when_purged() {
+        let resident = || crate::metrics::resident_memory_bytes().expect("VmRSS");
+        let block = vec![1u8; 512 << 20];
+        std::hint::black_box(&block);
+        let with = resident();
+        drop(block);
+        super::give_back_free_memory();
+        let without = resident();
+        assert!(with.saturating_sub(without) > 384 << 20, "{with} -> {without}");
+    }
+}
