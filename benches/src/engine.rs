@@ -38,6 +38,7 @@ pub fn run(run: &EngineRun<'_>) -> anyhow::Result<Vec<EngineReport>> {
         },
         default_precision: inferd_core::Precision::Fp32,
         builder: None,
+        gpu_memory: None,
     };
     let mut engine = build_engine(&config, &settings)?;
     let mut reports = Vec::new();

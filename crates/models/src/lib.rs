@@ -3,12 +3,14 @@
 //! batcher; [`task`] is what a model does with a request before the batcher (tokenize texts, say) and after it
 //! (pool, normalise). The server's protocols, the benchmarks and any later front end share these without HTTP.
 
+pub mod budget;
 pub mod loader;
 pub mod repository;
 pub mod task;
 
+pub use budget::{DeviceMemory, GpuMemoryReader, HostMemory};
 pub use inferd_onnx::OnnxSettings;
-pub use loader::{build_engine, load, EngineBuilder, EngineSettings, LoadedModel};
+pub use loader::{build_engine, load, EngineBuilder, EngineSettings, LoadedModel, ModelMemory};
 pub use repository::{Defaults, Repository};
 pub use task::{
     file_from_base64, triton_classification, Answer, Class, Detection, Input, Picture, Prepared, Reading, Request,

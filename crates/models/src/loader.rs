@@ -8,6 +8,7 @@ use inferd_batcher::{BatchObserver, Batcher};
 use inferd_core::{Backend, BatchingConfig, Engine, ModelConfig, ModelMetadata, Precision, WarmUp};
 use inferd_onnx::OnnxSettings;
 
+use crate::budget::{self, GpuMemoryReader, HostMemory, Need, Place};
 use crate::task::{self, Task};
 
 /// Builds an engine for a model in place of its backend: for tests that need an engine no model file describes
@@ -21,6 +22,8 @@ pub struct EngineSettings {
     pub default_precision: Precision,
     /// Replaces the backends when set.
     pub builder: Option<EngineBuilder>,
+    /// Reads a GPU's memory: for the budget checked before a model loads on a GPU, and what its load took there.
+    pub gpu_memory: Option<GpuMemoryReader>,
 }
 
 /// Builds one engine instance for a model: the one place that picks a backend.
@@ -44,6 +47,18 @@ pub struct LoadedModel {
     pub batching: BatchingConfig,
     /// Whether every instance ran its warm-up (see [`WarmUp`]).
     pub warmed: bool,
+    pub memory: ModelMemory,
+}
+
+/// What a loaded model holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ModelMemory {
+    /// Its instances' weights, by the engines' own account (see [`Engine::weight_bytes`]); `None` where one
+    /// cannot tell.
+    pub weight_bytes: Option<u64>,
+    /// Device memory its GPU lost while it loaded and warmed (models load one after another, so this is its own,
+    /// short of another process's at the same time); `None` on the CPU.
+    pub device_bytes: Option<u64>,
 }
 
 impl LoadedModel {
@@ -70,6 +85,11 @@ pub fn load(
     observer: Arc<dyn BatchObserver>,
 ) -> anyhow::Result<LoadedModel> {
     let started = std::time::Instant::now();
+    let (place, before) = budget::place(config, settings.gpu_memory.as_ref());
+    // Candle checks its weights against its GPU itself, exactly, once it knows the dtype it loads them in.
+    if settings.builder.is_none() && !(config.backend == Backend::Candle && matches!(place, Place::Gpu(_))) {
+        budget::check(Need::of(config), place, before, HostMemory::read())?;
+    }
     let mut engines = Vec::with_capacity(config.instances);
     let mut batching = config.batching.clone();
     let mut warmed = true;
@@ -108,6 +128,13 @@ pub fn load(
         );
     }
     let task = task::for_model(config, first.metadata())?;
+    let device_bytes = match (place, before, &settings.gpu_memory) {
+        (Place::Gpu(n), Some(before), Some(read)) if first.metadata().on_gpu() => {
+            read(n).map(|after| before.free.saturating_sub(after.free))
+        }
+        _ => None,
+    };
+    let memory = ModelMemory { weight_bytes: engines.iter().map(|e| e.weight_bytes()).sum(), device_bytes };
     let batcher = Batcher::start(&config.name, &batching, engines, observer).context("cannot start its threads")?;
     let meta = batcher.metadata();
     tracing::info!(
@@ -118,10 +145,12 @@ pub fn load(
         instances = config.instances,
         max_batch_size = batching.max_batch_size,
         warmed,
+        weight_bytes = memory.weight_bytes,
+        device_bytes = memory.device_bytes,
         elapsed_ms = started.elapsed().as_millis() as u64,
         "model ready"
     );
-    Ok(LoadedModel { version: config.version, batcher, task, batching, warmed })
+    Ok(LoadedModel { version: config.version, batcher, task, batching, warmed, memory })
 }
 
 /// Runs one instance's warm-up; false where the shapes are unknown and nothing was run.

@@ -100,6 +100,16 @@ pub fn system_probe() -> Arc<dyn GpuProbe> {
     }
 }
 
+/// Reads one GPU's memory through `probe`, for the models' load-time budget.
+pub fn memory_reader(probe: &Arc<dyn GpuProbe>) -> inferd_models::GpuMemoryReader {
+    let probe = Arc::clone(probe);
+    Arc::new(move |index| {
+        let gpus = probe.gpus().ok()?;
+        let gpu = gpus.into_iter().find(|g| g.index as usize == index)?;
+        Some(inferd_models::DeviceMemory { free: gpu.memory_free_bytes, total: gpu.memory_total_bytes })
+    })
+}
+
 /// The latest GPU facts, shared by /health (readers) and the refresh task (the only writer).
 #[derive(Clone)]
 pub struct GpuMonitor {

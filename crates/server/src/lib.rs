@@ -7,6 +7,7 @@
 //! model's task and batcher, metadata, the repository), and encodes the answer. The [`registry`] alone owns the
 //! models' states; [`inferd_models`] finds, loads and runs them below HTTP.
 
+mod alloc;
 pub mod app;
 pub mod budget;
 pub mod config;
@@ -46,7 +47,7 @@ pub use routes::predict::TIMEOUT_HEADER;
 pub use state::AppState;
 
 use inferd_core::{Backend, ModelConfig};
-use inferd_models::{Defaults, EngineSettings, Repository};
+use inferd_models::{Defaults, EngineSettings, GpuMemoryReader, Repository};
 
 use crate::gpu::GpuMonitor;
 use crate::metrics::Metrics;
@@ -104,8 +105,9 @@ impl Server {
             config.default_embed_model.as_deref(),
             &repository,
         )?;
-        let settings = engine_settings(&config, &configs, self.engine_builder);
-        let gpu = GpuMonitor::new(self.gpu_probe.unwrap_or_else(gpu::system_probe));
+        let probe = self.gpu_probe.unwrap_or_else(gpu::system_probe);
+        let settings = engine_settings(&config, &configs, self.engine_builder, gpu::memory_reader(&probe));
+        let gpu = GpuMonitor::new(probe);
         gpu.refresh().await;
         let count = configs.len();
         let mut names: Vec<&str> = configs.iter().map(|c| c.name.as_str()).collect();
@@ -164,7 +166,12 @@ impl Server {
 
 /// What the engines need from the configuration: the ONNX Runtime library, its threads (the cores shared by
 /// the ONNX instances unless `--intra-op-threads` says), the default precision.
-fn engine_settings(config: &ServeConfig, models: &[ModelConfig], builder: Option<EngineBuilder>) -> EngineSettings {
+fn engine_settings(
+    config: &ServeConfig,
+    models: &[ModelConfig],
+    builder: Option<EngineBuilder>,
+    gpu_memory: GpuMemoryReader,
+) -> EngineSettings {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let onnx_instances =
         models.iter().filter(|m| m.backend == Backend::Onnx).map(|m| m.instances).sum::<usize>().max(1);
@@ -175,6 +182,7 @@ fn engine_settings(config: &ServeConfig, models: &[ModelConfig], builder: Option
         },
         default_precision: config.default_precision(),
         builder,
+        gpu_memory: Some(gpu_memory),
     }
 }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inferd_batcher::BatchObserver;
+use inferd_models::ModelMemory;
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
@@ -51,6 +52,10 @@ pub mod names {
     pub const GPU_TEMPERATURE: &str = "inferd_gpu_temperature_celsius";
     /// The process's resident memory.
     pub const RESIDENT_MEMORY: &str = "process_resident_memory_bytes";
+    /// A model's weights as its engines hold them (its versions' and instances' together), by `model`.
+    pub const MODEL_WEIGHTS: &str = "inferd_model_weight_bytes";
+    /// GPU memory a model's load and warm-up took (its versions' together), by `model`; GPU models only.
+    pub const MODEL_DEVICE_MEMORY: &str = "inferd_model_device_memory_bytes";
 }
 
 /// The protocol an inference request came in: the `protocol` label. Known from the route that served it.
@@ -175,6 +180,8 @@ impl Metrics {
         describe(names::GPU_UTILIZATION, None, "Share of the last sample period a kernel ran, 0 to 1.");
         describe(names::GPU_TEMPERATURE, None, "GPU temperature in degrees Celsius.");
         describe(names::RESIDENT_MEMORY, Some(Unit::Bytes), "Resident memory of the inferd process.");
+        describe(names::MODEL_WEIGHTS, Some(Unit::Bytes), "A model's weights as its engines hold them.");
+        describe(names::MODEL_DEVICE_MEMORY, Some(Unit::Bytes), "GPU memory a model's load and warm-up took.");
     }
 
     fn counter(&self, name: &'static str, labels: Vec<Label>) -> Counter {
@@ -279,22 +286,39 @@ impl Metrics {
 
     /// The exposition text, with the gauges read now: queue depths, readiness, the GPU snapshot, resident memory.
     /// `versions` are each model version's (name, queue depth, loaded), sorted by name.
-    pub fn render<'a>(&self, versions: impl IntoIterator<Item = (&'a str, usize, bool)>, gpus: &[GpuInfo]) -> String {
-        // A model's versions share its series: their queues add up, and it is ready if one of them is.
-        let mut by_name: Vec<(&str, usize, bool)> = Vec::new();
+    pub fn render<'a>(
+        &self,
+        versions: impl IntoIterator<Item = (&'a str, usize, Option<ModelMemory>)>,
+        gpus: &[GpuInfo],
+    ) -> String {
+        // A model's versions share its series: their queues and memory add up, and it is ready if one of them is.
+        let mut by_name: Vec<(&str, usize, Option<ModelMemory>)> = Vec::new();
         for (model, depth, loaded) in versions {
             match by_name.last_mut() {
-                Some((name, queued, ready)) if *name == model => {
+                Some((name, queued, memory)) if *name == model => {
                     *queued += depth;
-                    *ready |= loaded;
+                    *memory = match (*memory, loaded) {
+                        (Some(a), Some(b)) => Some(ModelMemory {
+                            weight_bytes: a.weight_bytes.zip(b.weight_bytes).map(|(a, b)| a + b),
+                            device_bytes: a.device_bytes.zip(b.device_bytes).map(|(a, b)| a + b),
+                        }),
+                        (a, b) => a.or(b),
+                    };
                 }
                 _ => by_name.push((model, depth, loaded)),
             }
         }
-        for (name, depth, ready) in by_name {
+        for (name, depth, memory) in by_name {
             let m = || vec![Label::new("model", name.to_owned())];
             self.gauge(names::QUEUE_DEPTH, m()).set(depth as f64);
-            self.gauge(names::MODEL_READY, m()).set(if ready { 1.0 } else { 0.0 });
+            self.gauge(names::MODEL_READY, m()).set(if memory.is_some() { 1.0 } else { 0.0 });
+            let memory = memory.unwrap_or_default();
+            if let Some(bytes) = memory.weight_bytes {
+                self.gauge(names::MODEL_WEIGHTS, m()).set(bytes as f64);
+            }
+            if let Some(bytes) = memory.device_bytes {
+                self.gauge(names::MODEL_DEVICE_MEMORY, m()).set(bytes as f64);
+            }
         }
         self.gauge(names::GPUS, vec![]).set(gpus.len() as f64);
         for gpu in gpus {
@@ -409,7 +433,7 @@ impl BatchObserver for BatchMetrics {
 }
 
 /// The process's resident set, from `/proc/self/status` (Linux; `None` elsewhere).
-fn resident_memory_bytes() -> Option<u64> {
+pub(crate) fn resident_memory_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -64,6 +64,7 @@ pub fn registry(repository: &Path) -> Registry {
         onnx: OnnxSettings { library: "no-library".into(), default_intra_op_threads: 1 },
         default_precision: Precision::Fp32,
         builder: Some(Arc::new(build)),
+        gpu_memory: None,
     };
     Registry::new(repository, configs, settings, Arc::new(Metrics::new(&names)))
 }

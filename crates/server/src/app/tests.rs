@@ -18,6 +18,7 @@ fn state(draining: bool) -> AppState {
         onnx: inferd_models::OnnxSettings { library: "no-library".into(), default_intra_op_threads: 1 },
         default_precision: inferd_core::Precision::Fp32,
         builder: None,
+        gpu_memory: None,
     };
     let metrics = Arc::new(Metrics::new(&[] as &[&str]));
     let registry = Registry::new(Repository::new("no-repository"), Vec::new(), settings, metrics);

@@ -36,6 +36,8 @@ pub struct Health<'a> {
     gpu_available: bool,
     gpu_name: Option<&'a str>,
     gpus: &'a [GpuInfo],
+    /// The inferd process's resident memory (host RAM), all models together.
+    process_resident_memory_bytes: Option<u64>,
     models: Vec<ModelHealth<'a>>,
     version: &'static str,
 }
@@ -73,6 +75,13 @@ pub struct ModelHealth<'a> {
     /// Text models: tokens per text at most.
     #[serde(skip_serializing_if = "Option::is_none")]
     max_seq_len: Option<usize>,
+    /// Its weights as its engines hold them, all instances together: host memory on the CPU, device memory on a
+    /// GPU. Absent while loading, or where the engine cannot tell.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    weight_bytes: Option<u64>,
+    /// GPU models: the device memory its load and warm-up took (weights, the engine's workspace and arena).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    device_memory_bytes: Option<u64>,
 }
 
 impl<'a> ModelHealth<'a> {
@@ -95,6 +104,8 @@ impl<'a> ModelHealth<'a> {
             error: None,
             dimensions: None,
             max_seq_len: None,
+            weight_bytes: None,
+            device_memory_bytes: None,
         };
         match model.state() {
             ModelState::Loading => {}
@@ -119,6 +130,8 @@ impl<'a> ModelHealth<'a> {
                 h.precision = Some(b.metadata().precision.as_str());
                 h.warmed = loaded.warmed;
                 h.max_batch_size = Some(loaded.batching.max_batch_size);
+                h.weight_bytes = loaded.memory.weight_bytes;
+                h.device_memory_bytes = loaded.memory.device_bytes;
                 h.queue_depth = b.queue_depth();
                 if let Some(counts) = model.counts() {
                     h.requests = counts.requests.load(Ordering::Relaxed);
@@ -146,6 +159,7 @@ async fn health(State(state): State<AppState>) -> Response {
         gpu_available: !gpus.is_empty(),
         gpu_name: gpus.first().map(|g| g.name.as_str()),
         gpus: &gpus,
+        process_resident_memory_bytes: crate::metrics::resident_memory_bytes(),
         models: models.iter().zip(&stalls).map(|(m, stall)| ModelHealth::of(m, stall.as_deref())).collect(),
         version: env!("CARGO_PKG_VERSION"),
     };
@@ -191,8 +205,8 @@ async fn metrics(State(state): State<AppState>) -> Response {
     let gpus = state.gpu().snapshot();
     let models = state.models();
     let versions = models.iter().map(|m| {
-        let batcher = m.loaded().map(|loaded| &loaded.batcher);
-        (m.name(), batcher.map_or(0, |b| b.queue_depth()), batcher.is_some())
+        let loaded = m.loaded();
+        (m.name(), loaded.map_or(0, |l| l.batcher.queue_depth()), loaded.map(|l| l.memory))
     });
     let text = state.metrics().render(versions, &gpus);
     ([(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"))], text)

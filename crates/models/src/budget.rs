@@ -1,0 +1,167 @@
+//! A model's memory budget at load: its weights and its configured working set (`[memory] working_set`) set
+//! against the memory left where it will run, on its GPU or on the host, before any of it is taken; and, once it
+//! is loaded, what it took.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use inferd_core::{Backend, DeviceSpec, ModelConfig};
+
+/// A GPU's memory as the server's probe reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceMemory {
+    pub free: u64,
+    pub total: u64,
+}
+
+/// Reads GPU `n`'s memory; `None` where there is no such GPU. May block (NVML does): loads run off the runtime.
+pub type GpuMemoryReader = Arc<dyn Fn(usize) -> Option<DeviceMemory> + Send + Sync>;
+
+/// The host's memory left to this process: the kernel's estimate of what can be had without swapping, and the
+/// room under the container's limit (cgroup v2 or v1) where there is one, whichever is less.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostMemory {
+    pub available: u64,
+    /// The container's limit, where one is set.
+    pub limit: Option<u64>,
+}
+
+impl HostMemory {
+    /// Reads `/proc/meminfo` and the cgroup's files; `None` where the kernel says nothing.
+    pub fn read() -> Option<HostMemory> {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let available = meminfo_bytes(&meminfo, "MemAvailable:")?;
+        let cgroup = cgroup_room(Path::new("/sys/fs/cgroup/memory.max"), Path::new("/sys/fs/cgroup/memory.current"))
+            .or_else(|| {
+                cgroup_room(
+                    Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+                    Path::new("/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+                )
+            });
+        Some(match cgroup {
+            Some((limit, room)) => HostMemory { available: available.min(room), limit: Some(limit) },
+            None => HostMemory { available, limit: None },
+        })
+    }
+}
+
+fn meminfo_bytes(meminfo: &str, key: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with(key))?;
+    let kib: u64 = line[key.len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
+/// A cgroup's limit and the room under it; `None` without a limit (`max`, or v1's huge number).
+fn cgroup_room(limit: &Path, usage: &Path) -> Option<(u64, u64)> {
+    let limit: u64 = std::fs::read_to_string(limit).ok()?.trim().parse().ok()?;
+    if limit >= 1 << 60 {
+        return None;
+    }
+    let usage: u64 = std::fs::read_to_string(usage).ok()?.trim().parse().ok()?;
+    Some((limit, limit.saturating_sub(usage)))
+}
+
+/// Where a model's memory will come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Place {
+    Host,
+    Gpu(usize),
+}
+
+/// What a model will need: its weights (an estimate from its files) for each instance, and its working set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Need {
+    pub(crate) weights: u64,
+    pub(crate) instances: u64,
+    pub(crate) working_set: u64,
+}
+
+impl Need {
+    pub(crate) fn of(config: &ModelConfig) -> Need {
+        let weights = match config.backend {
+            Backend::Onnx => inferd_onnx::stored_weight_bytes(&config.file),
+            Backend::Candle => None,
+        };
+        let weights = weights.or_else(|| std::fs::metadata(&config.file).ok().map(|m| m.len())).unwrap_or(0);
+        let instances = config.instances as u64;
+        Need { weights, instances, working_set: config.memory.working_set.saturating_mul(instances) }
+    }
+
+    pub(crate) fn total(&self) -> u64 {
+        self.weights.saturating_mul(self.instances).saturating_add(self.working_set)
+    }
+}
+
+/// Where the model's memory comes from, judged before it loads: the GPU it names, or GPU 0 for `auto` where the
+/// probe sees one; else the host. Candle checks its own GPU weights exactly when it loads (`inferd-candle`).
+pub(crate) fn place(config: &ModelConfig, gpu: Option<&GpuMemoryReader>) -> (Place, Option<DeviceMemory>) {
+    let index = match config.device {
+        DeviceSpec::Cpu => None,
+        DeviceSpec::Cuda(n) => Some(n),
+        DeviceSpec::Auto => Some(0),
+    };
+    match index.and_then(|n| Some((n, gpu?(n)?))) {
+        Some((n, memory)) => (Place::Gpu(n), Some(memory)),
+        None => (Place::Host, None),
+    }
+}
+
+/// Refuses a model whose need does not fit in what is left where it will run.
+pub(crate) fn check(
+    need: Need,
+    place: Place,
+    gpu: Option<DeviceMemory>,
+    host: Option<HostMemory>,
+) -> anyhow::Result<()> {
+    let gib = |bytes: u64| bytes as f64 / f64::from(1u32 << 30);
+    let (left, room) = match (place, gpu, host) {
+        (Place::Gpu(n), Some(gpu), _) => {
+            (gpu.free, format!("GPU {n} has {:.2} GiB free of {:.2} GiB", gib(gpu.free), gib(gpu.total)))
+        }
+        (Place::Host, _, Some(host)) => {
+            let limit = host.limit.map(|l| format!(" (under the container's limit of {:.2} GiB)", gib(l)));
+            (
+                host.available,
+                format!("the host has {:.2} GiB available{}", gib(host.available), limit.unwrap_or_default()),
+            )
+        }
+        _ => return Ok(()),
+    };
+    if need.total() <= left {
+        return Ok(());
+    }
+    let on = match place {
+        Place::Gpu(_) => "GPU memory",
+        Place::Host => "host memory",
+    };
+    anyhow::bail!(
+        "it needs {:.2} GiB of {on} ({:.2} GiB of weights x {} instance(s), and [memory] working_set {:.2} GiB), but \
+         {room}; free some, lower instances or working_set, or place it elsewhere (device)",
+        gib(need.total()),
+        gib(need.weights),
+        need.instances,
+        gib(need.working_set),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo_and_cgroup_files_are_read() {
+        let meminfo = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   2048 kB\n";
+        assert_eq!(meminfo_bytes(meminfo, "MemAvailable:"), Some(2048 * 1024));
+        assert_eq!(meminfo_bytes(meminfo, "SwapTotal:"), None);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (limit, usage) = (dir.path().join("max"), dir.path().join("current"));
+        std::fs::write(&limit, "1000\n").expect("write");
+        std::fs::write(&usage, "300\n").expect("write");
+        assert_eq!(cgroup_room(&limit, &usage), Some((1000, 700)));
+        std::fs::write(&limit, "max\n").expect("write");
+        assert_eq!(cgroup_room(&limit, &usage), None);
+        std::fs::write(&limit, "9223372036854771712\n").expect("write");
+        assert_eq!(cgroup_room(&limit, &usage), None);
+        assert!(HostMemory::read().is_some_and(|h| h.available > 0));
+    }
+}
