@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Two builds of inferd, A and B, on the same load in interleaved rounds: digits, one row per request, 64 clients
-# of inferd-bench on /predict. For each round and side: requests/s, and the server's own CPU time per request
+# Two builds of inferd, A and B, on the same load in interleaved rounds: by default digits, one row per request, 64
+# clients of inferd-bench on /predict (MODEL, PROTOCOL and ROWS choose another: MODEL=minilm PROTOCOL=embed ROWS=4).
+# For each round and side: requests/s, and the server's own CPU time per request
 # (user + system, from /proc/PID/stat, over the measured window only). Prints the medians and B/A ratios.
 #   benches/ab.sh DIR_A DIR_B        each DIR holds an `inferd` binary (DIR_A's inferd-bench drives both)
-# Environment: ROUNDS (3), DURATION (10 s), WARMUP (2 s), CONCURRENCY (64), PORT (18081), PROTOCOL (predict).
+# Environment: ROUNDS (3), DURATION (10 s), WARMUP (2 s), CONCURRENCY (64), PORT (18081), MODEL (digits, a folder
+# of models/), PROTOCOL (predict), ROWS (1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 A=${1:?usage: benches/ab.sh DIR_A DIR_B}
@@ -14,6 +16,8 @@ WARMUP=${WARMUP:-2}
 CONCURRENCY=${CONCURRENCY:-64}
 PORT=${PORT:-18081}
 PROTOCOL=${PROTOCOL:-predict}
+MODEL=${MODEL:-digits}
+ROWS=${ROWS:-1}
 OUT=$(mktemp -d)
 trap 'kill $SERVER_PID 2>/dev/null || true; rm -rf "$OUT"' EXIT
 ./scripts/setup.sh 2>/dev/null
@@ -22,16 +26,16 @@ TICKS=$(getconf CLK_TCK)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 run() { # run SIDE DIR ROUND
-    "$2/inferd" serve --host 127.0.0.1 --port "$PORT" --grpc-port 0 --log warn --models models/digits \
+    "$2/inferd" serve --host 127.0.0.1 --port "$PORT" --grpc-port 0 --log warn --models "models/$MODEL" \
         --onnxruntime-lib .cache/onnxruntime/libonnxruntime.so.1.31.1 &
     SERVER_PID=$!
     for _ in $(seq 300); do curl -fsS -o /dev/null "http://127.0.0.1:$PORT/health/ready" 2>/dev/null && break; sleep 0.1; done
     # Warm up, then measure with the CPU counter read around the measured run alone.
-    "$A/inferd-bench" http --url "http://127.0.0.1:$PORT" --model digits --protocol "$PROTOCOL" \
+    "$A/inferd-bench" http --url "http://127.0.0.1:$PORT" --model "$MODEL" --protocol "$PROTOCOL" --rows "$ROWS" \
         --concurrency "$CONCURRENCY" --warmup 0 --duration "$WARMUP" --out "$OUT" --quiet --name warm >/dev/null
     local before after
     before=$(cpu_ticks "$SERVER_PID")
-    "$A/inferd-bench" http --url "http://127.0.0.1:$PORT" --model digits --protocol "$PROTOCOL" \
+    "$A/inferd-bench" http --url "http://127.0.0.1:$PORT" --model "$MODEL" --protocol "$PROTOCOL" --rows "$ROWS" \
         --concurrency "$CONCURRENCY" --warmup 0 --duration "$DURATION" --out "$OUT" --quiet --name "$1-$3" >/dev/null
     after=$(cpu_ticks "$SERVER_PID")
     echo "$((after - before))" > "$OUT/$1-$3.ticks"
