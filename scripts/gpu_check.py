@@ -298,6 +298,36 @@ def check_health(table, server, models, baseline_used_mib):
               f"{baseline_used_mib} MiB before inferd, {baseline_used_mib + grown} MiB with its models (+{grown})")
 
 
+def process_gpu_mib(pid):
+    """The GPU memory nvidia-smi says process `pid` holds, in MiB; None where it lists none for it."""
+    status, out = run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], 30)
+    for line in out.strip().splitlines() if status == 0 else []:
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0] == str(pid) and fields[1].isdigit():
+            return int(fields[1])
+    return None
+
+
+def report_memory(table, server, plan, stage, only=None):
+    """What each model (or `only`) holds as /health reports it once warm (weights; on a GPU, the device memory its
+    load and warm-up took), and the process's resident and GPU memory: a figure per model, checked for presence."""
+    health = http(server.base, "/health")[1]
+    models = [m for m in health.get("models", []) if m.get("state") == "ready" and (only is None or m["name"] == only)]
+    gpu_mib = None if plan.rehearse else process_gpu_mib(server.proc.pid)
+    for m in models:
+        on_gpu = (m.get("device") or "").startswith("cuda")
+        device = m.get("device_memory_bytes")
+        figure = f"weights {m.get('weight_bytes', 0) / MIB:.1f} MiB"
+        if on_gpu:
+            figure += f", device memory at load {device / MIB:.1f} MiB" if device is not None else ", no device figure"
+        ok = "weight_bytes" in m and (not on_gpu or plan.rehearse or device is not None)
+        table.add(f"memory {stage}", m["name"], ok, figure)
+    rss = health.get("process_resident_memory_bytes") or 0
+    process = f"process RSS {rss / MIB:.0f} MiB" + (f", GPU {gpu_mib} MiB (nvidia-smi)" if gpu_mib is not None else "")
+    table.add(f"memory {stage}", only or "inferd", FIGURE, process)
+    return gpu_mib
+
+
 def check_models(table, health, models):
     by_name = {m["name"]: m for m in health["models"]}
     wrong = [f"{name}: {by_name.get(name)}" for name, (device, precision) in models.items()
@@ -511,6 +541,7 @@ def check(table, plan, bundle, results):
             return
         table.add("server", "inferd serve", True, f"{len(served)} models ready")
         check_health(table, server, served, baseline)  # in a rehearsal: the models' devices and precisions
+        report_memory(table, server, plan, "after warm-up")
         pixels = json.load(open(os.path.join(bundle, "data", "digits_heldout.json")))["pixels"]
         check_outputs(table, server, pixels, [(f"digits-gpu-{p}", p) for p in ("fp32", "fp16", "bf16")],
                       "digits-cpu", "digits")
@@ -519,9 +550,14 @@ def check(table, plan, bundle, results):
                           "minilm")
         if ort:
             check_outputs(table, server, pixels, [("digits-onnx-gpu", "fp32")], "digits-onnx-cpu", "digits")
-        http_bench(table, plan, bundle, server, "digits-gpu-fp32", "predict", env, results)
-        if minilm:
-            http_bench(table, plan, bundle, server, "minilm-gpu-fp16", "embed", env, results)
+        # Each load's growth of the process's GPU memory is that model's: the arena it grew under 64 clients.
+        for model, protocol in [("digits-gpu-fp32", "predict")] + ([("minilm-gpu-fp16", "embed")] if minilm else []):
+            before = None if plan.rehearse else process_gpu_mib(server.proc.pid)
+            http_bench(table, plan, bundle, server, model, protocol, env, results)
+            after = report_memory(table, server, plan, "after load", only=model)
+            if before is not None and after is not None:
+                table.add("memory after load", model, FIGURE, f"the process's GPU memory grew {after - before} MiB "
+                          f"under its load ({before} -> {after} MiB)")
     finally:
         server.stop()
 
