@@ -57,6 +57,7 @@ fn config(dir: &Path, file: std::path::PathBuf, precision: Option<Precision>) ->
         image: None,
         postprocess: Vec::new(),
         onnx: OnnxOptions::default(),
+        memory: Default::default(),
         candle: Some(CandleOptions {
             architecture: "mlp".into(),
             layers: vec![3, 2, 2],
