@@ -58,10 +58,12 @@ pub(crate) struct Stored {
 /// Reads what `file`'s graph stores; `None` where the file is not an ONNX model this can read (ONNX Runtime then
 /// says why when it loads it).
 pub(crate) fn stored(file: &Path) -> Option<Stored> {
-    let bytes = std::fs::read(file).ok()?;
-    let model = ModelProto::decode(bytes.as_slice()).ok()?;
-    drop(bytes);
-    Some(summarise(&model.graph?))
+    stored_in(&std::fs::read(file).ok()?)
+}
+
+/// What the model in `bytes` stores.
+pub(crate) fn stored_in(bytes: &[u8]) -> Option<Stored> {
+    Some(summarise(&ModelProto::decode(bytes).ok()?.graph?))
 }
 
 fn summarise(graph: &GraphProto) -> Stored {

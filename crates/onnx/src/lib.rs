@@ -15,6 +15,7 @@ use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, TensorElementType, ValueType};
 
 mod graph;
+mod late;
 
 /// The one ONNX Runtime environment of this process, once a library loaded. A failed load is not remembered:
 /// a later model may name a library that exists.
@@ -139,8 +140,20 @@ impl OnnxEngine {
             },
         };
         let threads = config.onnx.intra_op_threads.unwrap_or(settings.default_intra_op_threads).max(1);
-        let stored = graph::stored(&config.file);
-        let options = SessionOptions { threads, fold_constants: fold_constants(config, stored), default_precision };
+        let bytes = std::fs::read(&config.file).ok();
+        let stored = bytes.as_deref().and_then(graph::stored_in);
+        let fold_constants = fold_constants(config, stored);
+        // Without folding, a narrow table is widened on every run: only the rows a batch reads are, instead.
+        let rewritten = bytes.filter(|_| !fold_constants).and_then(|bytes| late::gather_before_widening(&bytes));
+        if let Some((_, tables)) = &rewritten {
+            tracing::info!(model = %config.name, tables, "narrow lookup tables are widened after the lookup, row by row");
+        }
+        let options = SessionOptions {
+            threads,
+            fold_constants,
+            default_precision,
+            model: rewritten.as_ref().map(|(bytes, _)| bytes.as_slice()),
+        };
         let (session, placement) = match open_session(runtime, config, &options, placement) {
             Ok(session) => (session, placement),
             Err(e) if placement == (Placement::Gpu { device: 0, required: false }) => {
@@ -222,20 +235,23 @@ fn fold_constants(config: &ModelConfig, stored: Option<graph::Stored>) -> bool {
 }
 
 /// A session's settings, beside the model's own configuration.
-struct SessionOptions {
+#[derive(Clone, Copy)]
+struct SessionOptions<'a> {
     threads: usize,
     fold_constants: bool,
     default_precision: Precision,
+    /// The model's bytes, where they differ from its file's (see [`late`]).
+    model: Option<&'a [u8]>,
 }
 
 fn open_session(
     runtime: &Runtime,
     config: &ModelConfig,
-    options: &SessionOptions,
+    options: &SessionOptions<'_>,
     placement: Placement,
 ) -> Result<Session> {
     let fail = |e: &dyn std::fmt::Display| Error::Engine(format!("model `{}`: {e}", config.name));
-    let SessionOptions { threads, fold_constants, default_precision } = *options;
+    let SessionOptions { threads, fold_constants, default_precision, model } = *options;
     let mut builder = Session::builder(&runtime.environment)
         .and_then(|b| b.with_intra_threads(threads).map_err(Into::into))
         .and_then(|b| b.with_inter_threads(1).map_err(Into::into))
@@ -282,7 +298,11 @@ fn open_session(
     if !config.file.is_file() {
         return Err(Error::config(&config.file, "the model file named by `file` does not exist"));
     }
-    builder.commit_from_file(&config.file).map_err(|e| fail(&format!("cannot load {}: {e}", config.file.display())))
+    match model {
+        Some(bytes) => builder.commit_from_memory(bytes),
+        None => builder.commit_from_file(&config.file),
+    }
+    .map_err(|e| fail(&format!("cannot load {}: {e}", config.file.display())))
 }
 
 fn data_type(ty: TensorElementType) -> Option<DataType> {

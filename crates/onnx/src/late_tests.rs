@@ -1,0 +1,319 @@
+use std::path::{Path, PathBuf};
+
+use inferd_core::{Engine, ModelConfig, Precision, Tensor};
+use ort::session::{Session, SessionInputValue};
+use prost::Message;
+
+use super::{gather_before_widening, Node};
+use crate::{OnnxEngine, OnnxSettings};
+
+/// The parts of ONNX's messages these tests write: enough for ONNX Runtime to load and run the graph.
+#[derive(Clone, PartialEq, Message)]
+struct TestModel {
+    #[prost(int64, tag = "1")]
+    ir_version: i64,
+    #[prost(message, optional, tag = "7")]
+    graph: Option<TestGraph>,
+    #[prost(message, repeated, tag = "8")]
+    opset_import: Vec<Opset>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct Opset {
+    #[prost(string, tag = "1")]
+    domain: String,
+    #[prost(int64, tag = "2")]
+    version: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TestGraph {
+    #[prost(message, repeated, tag = "1")]
+    node: Vec<Node>,
+    #[prost(string, tag = "2")]
+    name: String,
+    #[prost(message, repeated, tag = "5")]
+    initializer: Vec<TestTensor>,
+    #[prost(message, repeated, tag = "11")]
+    input: Vec<ValueInfo>,
+    #[prost(message, repeated, tag = "12")]
+    output: Vec<ValueInfo>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TestTensor {
+    #[prost(int64, repeated, tag = "1")]
+    dims: Vec<i64>,
+    #[prost(int32, tag = "2")]
+    data_type: i32,
+    #[prost(string, tag = "8")]
+    name: String,
+    #[prost(bytes = "vec", tag = "9")]
+    raw_data: Vec<u8>,
+    #[prost(int32, tag = "14")]
+    data_location: i32,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct ValueInfo {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(message, optional, tag = "2")]
+    r#type: Option<TypeProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TypeProto {
+    #[prost(message, optional, tag = "1")]
+    tensor_type: Option<TensorType>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TensorType {
+    #[prost(int32, tag = "1")]
+    elem_type: i32,
+    #[prost(message, optional, tag = "2")]
+    shape: Option<Shape>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct Shape {
+    #[prost(message, repeated, tag = "1")]
+    dim: Vec<Dim>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct Dim {
+    #[prost(int64, optional, tag = "1")]
+    dim_value: Option<i64>,
+    #[prost(string, optional, tag = "2")]
+    dim_param: Option<String>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TestAttribute {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(int64, tag = "3")]
+    i: i64,
+    #[prost(bytes = "vec", optional, tag = "6")]
+    g: Option<Vec<u8>>,
+    #[prost(int32, tag = "20")]
+    r#type: i32,
+}
+
+const FLOAT: i32 = 1;
+const INT8: i32 = 3;
+const INT64: i32 = 7;
+
+fn int_attribute(name: &str, i: i64) -> Vec<u8> {
+    TestAttribute { name: name.into(), i, g: None, r#type: 2 }.encode_to_vec()
+}
+
+fn node(op: &str, inputs: &[&str], output: &str, attribute: Vec<Vec<u8>>) -> Node {
+    Node {
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        name: format!("{op}_{output}"),
+        op_type: op.into(),
+        attribute,
+        domain: String::new(),
+    }
+}
+
+fn value(name: &str, elem_type: i32, dims: &[Option<i64>]) -> ValueInfo {
+    let dim = dims
+        .iter()
+        .map(|d| match d {
+            Some(n) => Dim { dim_value: Some(*n), dim_param: None },
+            None => Dim { dim_value: None, dim_param: Some("n".into()) },
+        })
+        .collect();
+    ValueInfo {
+        name: name.into(),
+        r#type: Some(TypeProto { tensor_type: Some(TensorType { elem_type, shape: Some(Shape { dim }) }) }),
+    }
+}
+
+/// The table every test reads: 5 rows of 3 int8 values.
+const TABLE: [i8; 15] = [1, -2, 3, 127, -128, 0, 5, 6, -7, 64, -32, 16, -1, 2, -3];
+const ROW_SCALES: [f32; 5] = [0.5, 0.0078125, 1.25, -3.0, 0.1];
+const COLUMN_SCALES: [f32; 3] = [0.25, 2.0, 0.3];
+
+/// `rows = Gather(Mul(Cast(table), scale), ids)`, the pattern of a quantized embedding, with `scale` of `dims`.
+fn lookup_model(scale: &[f32], scale_dims: &[i64]) -> TestModel {
+    let initializer = vec![
+        TestTensor {
+            dims: vec![5, 3],
+            data_type: INT8,
+            name: "table_q".into(),
+            raw_data: TABLE.iter().map(|&v| v as u8).collect(),
+            data_location: 0,
+        },
+        TestTensor {
+            dims: scale_dims.to_vec(),
+            data_type: FLOAT,
+            name: "table_scale".into(),
+            raw_data: scale.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            data_location: 0,
+        },
+    ];
+    TestModel {
+        ir_version: 8,
+        opset_import: vec![Opset { domain: String::new(), version: 17 }],
+        graph: Some(TestGraph {
+            name: "lookup".into(),
+            node: vec![
+                node("Cast", &["table_q"], "table_f", vec![int_attribute("to", FLOAT.into())]),
+                node("Mul", &["table_f", "table_scale"], "table", vec![]),
+                node("Gather", &["table", "ids"], "rows", vec![int_attribute("axis", 0)]),
+            ],
+            initializer,
+            input: vec![value("ids", INT64, &[None])],
+            output: vec![value("rows", FLOAT, &[None, Some(3)])],
+        }),
+    }
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn settings() -> OnnxSettings {
+    OnnxSettings {
+        library: workspace().join(".cache/onnxruntime/libonnxruntime.so.1.31.1"),
+        default_intra_op_threads: 1,
+    }
+}
+
+#[test]
+fn a_lookup_chain_becomes_gathers_then_a_cast_and_the_rest_is_kept_byte_for_byte() {
+    let model = lookup_model(&ROW_SCALES, &[5, 1]);
+    let bytes = model.encode_to_vec();
+    let (rewritten, tables) = gather_before_widening(&bytes).expect("a chain to rewrite");
+    assert_eq!(tables, 1);
+    let decoded = TestModel::decode(rewritten.as_slice()).expect("a model");
+    assert_eq!((decoded.ir_version, &decoded.opset_import), (model.ir_version, &model.opset_import));
+    let (graph, before) = (decoded.graph.expect("a graph"), model.graph.expect("a graph"));
+    assert_eq!((&graph.initializer, &graph.input, &graph.output), (&before.initializer, &before.input, &before.output));
+    let ops: Vec<(&str, Vec<&str>, &str)> = graph
+        .node
+        .iter()
+        .map(|n| (n.op_type.as_str(), n.input.iter().map(String::as_str).collect(), n.output[0].as_str()))
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            ("Gather", vec!["table_q", "ids"], "rows/inferd_narrow"),
+            ("Gather", vec!["table_scale", "ids"], "rows/inferd_scale"),
+            ("Cast", vec!["rows/inferd_narrow"], "rows/inferd_wide"),
+            ("Mul", vec!["rows/inferd_wide", "rows/inferd_scale"], "rows"),
+        ]
+    );
+    // The second pass finds nothing left to rewrite.
+    assert!(gather_before_widening(&rewritten).is_none());
+}
+
+fn graph(model: &mut TestModel) -> &mut TestGraph {
+    model.graph.as_mut().expect("graph")
+}
+
+#[test]
+fn chains_it_cannot_keep_exact_are_left_alone() {
+    let rewrites = |edit: &dyn Fn(&mut TestModel)| {
+        let mut model = lookup_model(&ROW_SCALES, &[5, 1]);
+        edit(&mut model);
+        gather_before_widening(&model.encode_to_vec()).map(|(_, n)| n)
+    };
+    assert_eq!(rewrites(&|_| ()), Some(1));
+    // A scale that varies along the last axis of a 2-D shape ([1, 3]) could add an axis to scalar ids' row.
+    assert_eq!(rewrites(&|m| graph(m).initializer[1].dims = vec![1, 3]), None);
+    // The widened table read by a second node, or named as a graph output.
+    assert_eq!(rewrites(&|m| graph(m).node.push(node("Neg", &["table"], "neg", vec![]))), None);
+    assert_eq!(rewrites(&|m| graph(m).output.push(value("table_f", FLOAT, &[Some(5), Some(3)]))), None);
+    // Along another axis.
+    assert_eq!(rewrites(&|m| graph(m).node[2].attribute = vec![int_attribute("axis", 1)]), None);
+    // A table the graph takes as an input (a caller may feed another).
+    assert_eq!(rewrites(&|m| graph(m).input.push(value("table_q", INT8, &[Some(5), Some(3)]))), None);
+    // Weights stored outside the file, or a subgraph that might read the table by name.
+    assert_eq!(rewrites(&|m| graph(m).initializer[0].data_location = 1), None);
+    let subgraph = TestAttribute { name: "then_branch".into(), i: 0, g: Some(vec![]), r#type: 5 }.encode_to_vec();
+    assert_eq!(rewrites(&|m| graph(m).node.push(node("If", &["c"], "branch", vec![subgraph.clone()]))), None);
+    // Not a model at all.
+    assert!(gather_before_widening(&[0xff, 0xff, 0xff]).is_none());
+}
+
+/// Each looked-up row, computed here from the table and scales as the graph defines it.
+fn expected_rows(ids: &[i64], scale: impl Fn(usize, usize) -> f32) -> Vec<f32> {
+    ids.iter()
+        .flat_map(|&id| {
+            let row = usize::try_from(id.rem_euclid(5)).expect("a row");
+            (0..3).map(move |j| (row, j))
+        })
+        .map(|(row, j)| f32::from(TABLE[row * 3 + j]) * scale(row, j))
+        .collect()
+}
+
+#[test]
+fn onnx_runtime_answers_the_rewritten_lookup_as_the_graph_defines_it() {
+    let ids = [4i64, 0, 2, 4, -1, 3];
+    for (scale, dims, of) in [
+        (&ROW_SCALES[..], &[5i64, 1][..], &(|row: usize, _: usize| ROW_SCALES[row]) as &dyn Fn(usize, usize) -> f32),
+        (&COLUMN_SCALES[..], &[3][..], &|_: usize, j: usize| COLUMN_SCALES[j]),
+    ] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let bytes = lookup_model(scale, dims).encode_to_vec();
+        assert!(gather_before_widening(&bytes).is_some(), "{dims:?}: the chain is rewritten at load");
+        std::fs::write(dir.path().join("model.onnx"), bytes).expect("write");
+        let config =
+            ModelConfig::parse("lookup", dir.path(), "backend = \"onnx\"\nfile = \"model.onnx\"\ndevice = \"cpu\"\n")
+                .expect("config");
+        let mut engine = OnnxEngine::load(&config, &settings(), Precision::Fp32).expect("load");
+        let out = engine.run(&[Tensor::from_slice(vec![ids.len()], &ids).expect("ids")]).expect("run");
+        assert_eq!(out[0].shape(), [ids.len(), 3]);
+        assert_eq!(out[0].to_vec::<f32>().expect("f32"), expected_rows(&ids, of), "{dims:?}");
+    }
+}
+
+/// MiniLM's int8 export, loaded as stored and as rewritten (both without constant folding, as inferd loads it),
+/// gives the same last hidden state to the bit.
+#[test]
+fn the_bundled_int8_minilm_answers_the_same_to_the_bit_when_rewritten() {
+    let file = workspace().join("models/minilm-int8/model.onnx");
+    let bytes =
+        std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e} (./scripts/setup.sh unpacks it)", file.display()));
+    let (rewritten, tables) = gather_before_widening(&bytes).expect("its embedding tables are rewritten");
+    assert_eq!(tables, 2, "the word and position embeddings");
+    let runtime = crate::runtime(&settings().library).expect("ONNX Runtime");
+    let session = |model: Option<&[u8]>| -> Session {
+        let mut builder = Session::builder(&runtime.environment)
+            .and_then(|b| b.with_intra_threads(1).map_err(Into::into))
+            .and_then(|b| b.with_disabled_optimizers("ConstantFolding").map_err(Into::into))
+            .expect("builder");
+        match model {
+            Some(bytes) => builder.commit_from_memory(bytes),
+            None => builder.commit_from_file(&file),
+        }
+        .expect("session")
+    };
+    let ids: Vec<i64> = vec![101, 7592, 2088, 2003, 1037, 3231, 102, 101, 2023, 102, 0, 0, 0, 0];
+    let mask: Vec<i64> = ids.iter().enumerate().map(|(i, &id)| i64::from(id != 0 || i < 7)).collect();
+    let hidden = |mut session: Session| -> Vec<f32> {
+        let input = |data: Vec<i64>| {
+            SessionInputValue::from(ort::value::Tensor::from_array(([2usize, 7], data)).expect("tensor").into_dyn())
+        };
+        let inputs = vec![
+            ("input_ids", input(ids.clone())),
+            ("attention_mask", input(mask.clone())),
+            ("token_type_ids", input(vec![0; ids.len()])),
+        ];
+        let outputs = session.run(inputs).expect("run");
+        let (shape, data) = outputs["last_hidden_state"].try_extract_tensor::<f32>().expect("f32");
+        assert_eq!(shape.as_ref(), [2, 7, 384]);
+        data.to_vec()
+    };
+    let (stored, late) = (hidden(session(None)), hidden(session(Some(&rewritten))));
+    assert!(stored.iter().all(|v| v.is_finite()));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    assert!(bits(&stored) == bits(&late), "the rewritten graph's states differ from the stored graph's");
+}
