@@ -5,7 +5,8 @@
 # (user + system, from /proc/PID/stat, over the measured window only). Prints the medians and B/A ratios.
 #   benches/ab.sh DIR_A DIR_B        each DIR holds an `inferd` binary (DIR_A's inferd-bench drives both)
 # Environment: ROUNDS (3), DURATION (10 s), WARMUP (2 s), CONCURRENCY (64), PORT (18081), MODEL (digits, a folder
-# of models/), PROTOCOL (predict), ROWS (1).
+# of models/), PROTOCOL (predict), ROWS (1), MODEL_B (MODEL: B serves this folder of models/ instead, so that one
+# binary can be compared with itself under two model.toml settings).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 A=${1:?usage: benches/ab.sh DIR_A DIR_B}
@@ -17,6 +18,7 @@ CONCURRENCY=${CONCURRENCY:-64}
 PORT=${PORT:-18081}
 PROTOCOL=${PROTOCOL:-predict}
 MODEL=${MODEL:-digits}
+MODEL_B=${MODEL_B:-$MODEL}
 ROWS=${ROWS:-1}
 OUT=$(mktemp -d)
 trap 'kill $SERVER_PID 2>/dev/null || true; rm -rf "$OUT"' EXIT
@@ -26,16 +28,18 @@ TICKS=$(getconf CLK_TCK)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 run() { # run SIDE DIR ROUND
-    "$2/inferd" serve --host 127.0.0.1 --port "$PORT" --grpc-port 0 --log warn --models "models/$MODEL" \
+    local model=$MODEL
+    [ "$1" = b ] && model=$MODEL_B
+    "$2/inferd" serve --host 127.0.0.1 --port "$PORT" --grpc-port 0 --log warn --models "models/$model" \
         --onnxruntime-lib .cache/onnxruntime/libonnxruntime.so.1.31.1 &
     SERVER_PID=$!
     for _ in $(seq 300); do curl -fsS -o /dev/null "http://127.0.0.1:$PORT/health/ready" 2>/dev/null && break; sleep 0.1; done
     # Warm up, then measure with the CPU counter read around the measured run alone.
-    "$A/inferd-bench" http --url "http://127.0.0.1:$PORT" --model "$MODEL" --protocol "$PROTOCOL" --rows "$ROWS" \
+    "$A/inferd-bench" http --url "http://127.0.0.1:$PORT" --model "$model" --protocol "$PROTOCOL" --rows "$ROWS" \
         --concurrency "$CONCURRENCY" --warmup 0 --duration "$WARMUP" --out "$OUT" --quiet --name warm >/dev/null
     local before after
     before=$(cpu_ticks "$SERVER_PID")
-    "$A/inferd-bench" http --url "http://127.0.0.1:$PORT" --model "$MODEL" --protocol "$PROTOCOL" --rows "$ROWS" \
+    "$A/inferd-bench" http --url "http://127.0.0.1:$PORT" --model "$model" --protocol "$PROTOCOL" --rows "$ROWS" \
         --concurrency "$CONCURRENCY" --warmup 0 --duration "$DURATION" --out "$OUT" --quiet --name "$1-$3" >/dev/null
     after=$(cpu_ticks "$SERVER_PID")
     echo "$((after - before))" > "$OUT/$1-$3.ticks"

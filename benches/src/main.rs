@@ -26,6 +26,12 @@ use clap::{Args, Parser, Subcommand};
 use crate::bodies::{Body, Protocol};
 use crate::report::{line_chart, HttpReport};
 
+/// The server's allocator (crates/server/src/alloc.rs), so that an engine measured here allocates as it does inside
+/// the server: with ONNX Runtime's CPU arena off, its allocations go to jemalloc there, and to glibc's malloc here
+/// would make the engine-only figures the limit of another program.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(name = "inferd-bench", about = "Load generator and engine benchmark for inferd")]
 struct Cli {
