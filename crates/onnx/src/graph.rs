@@ -24,22 +24,35 @@ struct GraphProto {
     initializer: Vec<TensorProto>,
 }
 
+/// A `NodeProto`, its attributes kept as their stored bytes (so that [`crate::late`] can write one back as it was).
 #[derive(Clone, PartialEq, Message)]
-struct NodeProto {
+pub(crate) struct NodeProto {
     #[prost(string, repeated, tag = "1")]
-    input: Vec<String>,
+    pub(crate) input: Vec<String>,
+    #[prost(string, repeated, tag = "2")]
+    pub(crate) output: Vec<String>,
+    #[prost(string, tag = "3")]
+    pub(crate) name: String,
     #[prost(string, tag = "4")]
-    op_type: String,
+    pub(crate) op_type: String,
+    #[prost(bytes = "vec", repeated, tag = "5")]
+    pub(crate) attribute: Vec<Vec<u8>>,
+    #[prost(string, tag = "7")]
+    pub(crate) domain: String,
 }
 
+/// The fields of a `TensorProto` read here; its data is skipped.
 #[derive(Clone, PartialEq, Message)]
-struct TensorProto {
+pub(crate) struct TensorProto {
     #[prost(int64, repeated, tag = "1")]
-    dims: Vec<i64>,
+    pub(crate) dims: Vec<i64>,
     #[prost(int32, tag = "2")]
-    data_type: i32,
+    pub(crate) data_type: i32,
     #[prost(string, tag = "8")]
-    name: String,
+    pub(crate) name: String,
+    /// 1 (`EXTERNAL`): the data is in another file.
+    #[prost(int32, tag = "14")]
+    pub(crate) data_location: i32,
 }
 
 /// ONNX's `TensorProto.DataType` numbers of the narrow types a graph may store and widen when it runs.
@@ -99,11 +112,11 @@ mod tests {
     use super::*;
 
     fn tensor(name: &str, data_type: i32, dims: &[i64]) -> TensorProto {
-        TensorProto { dims: dims.to_vec(), data_type, name: name.into() }
+        TensorProto { dims: dims.to_vec(), data_type, name: name.into(), data_location: 0 }
     }
 
     fn node(op: &str, inputs: &[&str]) -> NodeProto {
-        NodeProto { input: inputs.iter().map(|s| s.to_string()).collect(), op_type: op.into() }
+        NodeProto { input: inputs.iter().map(|s| s.to_string()).collect(), op_type: op.into(), ..NodeProto::default() }
     }
 
     #[test]

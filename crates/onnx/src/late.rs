@@ -15,22 +15,7 @@ use std::ops::Range;
 use prost::encoding::{decode_varint, encode_key, encode_varint, WireType};
 use prost::Message;
 
-/// A `NodeProto`, with its attributes kept as their stored bytes.
-#[derive(Clone, PartialEq, Message)]
-struct Node {
-    #[prost(string, repeated, tag = "1")]
-    input: Vec<String>,
-    #[prost(string, repeated, tag = "2")]
-    output: Vec<String>,
-    #[prost(string, tag = "3")]
-    name: String,
-    #[prost(string, tag = "4")]
-    op_type: String,
-    #[prost(bytes = "vec", repeated, tag = "5")]
-    attribute: Vec<Vec<u8>>,
-    #[prost(string, tag = "7")]
-    domain: String,
-}
+use crate::graph::{NodeProto, TensorProto};
 
 /// The fields of an `AttributeProto` read here.
 #[derive(Clone, PartialEq, Message)]
@@ -43,19 +28,6 @@ struct Attribute {
     g: Option<Vec<u8>>,
     #[prost(bytes = "vec", repeated, tag = "11")]
     graphs: Vec<Vec<u8>>,
-}
-
-/// The fields of a `TensorProto` read here (its data is skipped).
-#[derive(Clone, PartialEq, Message)]
-struct Initializer {
-    #[prost(int64, repeated, tag = "1")]
-    dims: Vec<i64>,
-    #[prost(int32, tag = "2")]
-    data_type: i32,
-    #[prost(string, tag = "8")]
-    name: String,
-    #[prost(int32, tag = "14")]
-    data_location: i32,
 }
 
 /// A `ValueInfoProto`'s name (graph inputs and outputs).
@@ -140,9 +112,9 @@ pub(crate) fn gather_before_widening(bytes: &[u8]) -> Option<(Vec<u8>, usize)> {
     for field in &graph_fields {
         let value = &graph[field.value.clone()];
         match field.tag {
-            GRAPH_NODE => nodes.push(Node::decode(value).ok()?),
+            GRAPH_NODE => nodes.push(NodeProto::decode(value).ok()?),
             GRAPH_INITIALIZER => {
-                let tensor = Initializer::decode(value).ok()?;
+                let tensor = TensorProto::decode(value).ok()?;
                 if tensor.data_location == EXTERNAL {
                     return None;
                 }
@@ -173,7 +145,7 @@ pub(crate) fn gather_before_widening(bytes: &[u8]) -> Option<(Vec<u8>, usize)> {
     names.extend(initializers.keys().map(String::as_str));
     names.extend(boundary.iter().map(String::as_str));
 
-    let mut replaced: HashMap<usize, Vec<Node>> = HashMap::new();
+    let mut replaced: HashMap<usize, Vec<NodeProto>> = HashMap::new();
     let mut removed = HashSet::new();
     for chain in &chains {
         let (cast, gather) = (&nodes[chain.cast], &nodes[chain.gather]);
@@ -189,7 +161,7 @@ pub(crate) fn gather_before_widening(bytes: &[u8]) -> Option<(Vec<u8>, usize)> {
                 format!("{}/inferd_{suffix}", gather.name)
             }
         };
-        let node = |op: &str, input: Vec<String>, output: String, attribute: &[Vec<u8>], suffix: &str| Node {
+        let node = |op: &str, input: Vec<String>, output: String, attribute: &[Vec<u8>], suffix: &str| NodeProto {
             input,
             output: vec![output],
             name: named(suffix),
@@ -266,9 +238,9 @@ fn put_message(tag: u32, message: &[u8], out: &mut Vec<u8>) {
 /// with a scalar, per-column or per-row initializer scale (or read directly), read only by one `Gather` along
 /// axis 0; none of the names in between a graph input or output.
 fn find_chains(
-    nodes: &[Node],
+    nodes: &[NodeProto],
     attributes: &[Vec<Attribute>],
-    initializers: &HashMap<String, Initializer>,
+    initializers: &HashMap<String, TensorProto>,
     boundary: &HashSet<String>,
 ) -> Vec<Chain> {
     let mut readers: HashMap<&str, Vec<usize>> = HashMap::new();
@@ -284,7 +256,7 @@ fn find_chains(
         Some(&[i]) if !boundary.contains(name) => Some(i),
         _ => None,
     };
-    let standard = |node: &Node| node.domain.is_empty() || node.domain == "ai.onnx";
+    let standard = |node: &NodeProto| node.domain.is_empty() || node.domain == "ai.onnx";
     let int = |i: usize, name: &str| attributes[i].iter().find(|a| a.name == name).map(|a| a.i);
     let constant = |name: &str| initializers.get(name).filter(|_| !produced.contains(name) && !boundary.contains(name));
 

@@ -4,7 +4,8 @@ use inferd_core::{Engine, ModelConfig, Precision, Tensor};
 use ort::session::{Session, SessionInputValue};
 use prost::Message;
 
-use super::{gather_before_widening, Node};
+use super::gather_before_widening;
+use crate::graph::NodeProto;
 use crate::{OnnxEngine, OnnxSettings};
 
 /// The parts of ONNX's messages these tests write: enough for ONNX Runtime to load and run the graph.
@@ -29,7 +30,7 @@ struct Opset {
 #[derive(Clone, PartialEq, Message)]
 struct TestGraph {
     #[prost(message, repeated, tag = "1")]
-    node: Vec<Node>,
+    node: Vec<NodeProto>,
     #[prost(string, tag = "2")]
     name: String,
     #[prost(message, repeated, tag = "5")]
@@ -110,8 +111,8 @@ fn int_attribute(name: &str, i: i64) -> Vec<u8> {
     TestAttribute { name: name.into(), i, g: None, r#type: 2 }.encode_to_vec()
 }
 
-fn node(op: &str, inputs: &[&str], output: &str, attribute: Vec<Vec<u8>>) -> Node {
-    Node {
+fn node(op: &str, inputs: &[&str], output: &str, attribute: Vec<Vec<u8>>) -> NodeProto {
+    NodeProto {
         input: inputs.iter().map(|s| s.to_string()).collect(),
         output: vec![output.into()],
         name: format!("{op}_{output}"),
