@@ -17,17 +17,38 @@ use prost::Message;
 
 use crate::graph::{NodeProto, TensorProto};
 
-/// The fields of an `AttributeProto` read here.
+/// The fields of an `AttributeProto` read here: what it holds, to tell subgraphs and tensors stored elsewhere.
 #[derive(Clone, PartialEq, Message)]
 struct Attribute {
     #[prost(string, tag = "1")]
     name: String,
     #[prost(int64, tag = "3")]
     i: i64,
+    #[prost(message, optional, tag = "5")]
+    t: Option<TensorProto>,
     #[prost(bytes = "vec", optional, tag = "6")]
     g: Option<Vec<u8>>,
+    #[prost(message, repeated, tag = "10")]
+    tensors: Vec<TensorProto>,
     #[prost(bytes = "vec", repeated, tag = "11")]
     graphs: Vec<Vec<u8>>,
+    #[prost(bytes = "vec", optional, tag = "22")]
+    sparse_tensor: Option<Vec<u8>>,
+    #[prost(bytes = "vec", repeated, tag = "23")]
+    sparse_tensors: Vec<Vec<u8>>,
+}
+
+impl Attribute {
+    /// Whether ONNX Runtime would need more than the model's bytes to read this attribute, or a subgraph in it
+    /// could read a table by name.
+    fn outside_the_rewrite(&self) -> bool {
+        let external = self.t.iter().chain(&self.tensors).any(|t| t.data_location == EXTERNAL);
+        external
+            || self.g.is_some()
+            || !self.graphs.is_empty()
+            || self.sparse_tensor.is_some()
+            || !self.sparse_tensors.is_empty()
+    }
 }
 
 /// A `ValueInfoProto`'s name (graph inputs and outputs).
@@ -42,6 +63,7 @@ const GRAPH_NODE: u32 = 1;
 const GRAPH_INITIALIZER: u32 = 5;
 const GRAPH_INPUT: u32 = 11;
 const GRAPH_OUTPUT: u32 = 12;
+const GRAPH_SPARSE_INITIALIZER: u32 = 15;
 /// `TensorProto.DataLocation.EXTERNAL`.
 const EXTERNAL: i32 = 1;
 /// ONNX data types a table may be stored in and widened from: UINT8, INT8, FLOAT16, BFLOAT16.
@@ -102,7 +124,9 @@ struct Chain {
 /// there is no such table, or the file is not a model this can rewrite (ONNX Runtime then reads it as it is).
 pub(crate) fn gather_before_widening(bytes: &[u8]) -> Option<(Vec<u8>, usize)> {
     let model = fields(bytes)?;
-    let graph_field = model.iter().find(|f| f.tag == MODEL_GRAPH)?;
+    // Two `graph` fields would be merged by a reader; this rewrites one only.
+    let mut graphs = model.iter().filter(|f| f.tag == MODEL_GRAPH);
+    let (Some(graph_field), None) = (graphs.next(), graphs.next()) else { return None };
     let graph = &bytes[graph_field.value.clone()];
     let graph_fields = fields(graph)?;
 
@@ -123,6 +147,7 @@ pub(crate) fn gather_before_widening(bytes: &[u8]) -> Option<(Vec<u8>, usize)> {
             GRAPH_INPUT | GRAPH_OUTPUT => {
                 boundary.insert(Value::decode(value).ok()?.name);
             }
+            GRAPH_SPARSE_INITIALIZER => return None,
             _ => {}
         }
     }
@@ -130,7 +155,7 @@ pub(crate) fn gather_before_widening(bytes: &[u8]) -> Option<(Vec<u8>, usize)> {
     for node in &nodes {
         let decoded: Vec<Attribute> =
             node.attribute.iter().map(|a| Attribute::decode(a.as_slice())).collect::<Result<_, _>>().ok()?;
-        if decoded.iter().any(|a| a.g.is_some() || !a.graphs.is_empty()) {
+        if decoded.iter().any(Attribute::outside_the_rewrite) {
             return None;
         }
         attributes.push(decoded);
@@ -189,7 +214,7 @@ pub(crate) fn gather_before_widening(bytes: &[u8]) -> Option<(Vec<u8>, usize)> {
                     scale
                 };
                 new.push(node("Cast", vec![fresh("narrow")], fresh("wide"), &cast.attribute, "cast"));
-                new.push(node("Mul", vec![fresh("wide"), scale], out.clone(), &mul.attribute, "mul"));
+                new.push(node("Mul", vec![fresh("wide"), scale], out.clone(), &[], "mul"));
             }
         }
         replaced.insert(chain.gather, new);
@@ -275,7 +300,9 @@ fn find_chains(
             "Gather" => (None, false, next),
             "Mul" => {
                 let mul = &nodes[next];
-                if !standard(mul) || mul.input.len() != 2 || mul.output.len() != 1 || mul.input[0] == mul.input[1] {
+                // Before opset 7 a `Mul` broadcast as its `broadcast` and `axis` attributes said: not read here.
+                let plain = mul.attribute.is_empty() && mul.input.len() == 2 && mul.output.len() == 1;
+                if !standard(mul) || !plain || mul.input[0] == mul.input[1] {
                     continue;
                 }
                 let Some(scale) = mul.input.iter().find(|i| **i != node.output[0]).and_then(|s| constant(s)) else {

@@ -97,6 +97,8 @@ struct TestAttribute {
     name: String,
     #[prost(int64, tag = "3")]
     i: i64,
+    #[prost(message, optional, tag = "5")]
+    t: Option<TestTensor>,
     #[prost(bytes = "vec", optional, tag = "6")]
     g: Option<Vec<u8>>,
     #[prost(int32, tag = "20")]
@@ -108,7 +110,7 @@ const INT8: i32 = 3;
 const INT64: i32 = 7;
 
 fn int_attribute(name: &str, i: i64) -> Vec<u8> {
-    TestAttribute { name: name.into(), i, g: None, r#type: 2 }.encode_to_vec()
+    TestAttribute { name: name.into(), i, r#type: 2, ..TestAttribute::default() }.encode_to_vec()
 }
 
 fn node(op: &str, inputs: &[&str], output: &str, attribute: Vec<Vec<u8>>) -> NodeProto {
@@ -238,8 +240,19 @@ fn chains_it_cannot_keep_exact_are_left_alone() {
     assert_eq!(rewrites(&|m| graph(m).input.push(value("table_q", INT8, &[Some(5), Some(3)]))), None);
     // Weights stored outside the file, or a subgraph that might read the table by name.
     assert_eq!(rewrites(&|m| graph(m).initializer[0].data_location = 1), None);
-    let subgraph = TestAttribute { name: "then_branch".into(), i: 0, g: Some(vec![]), r#type: 5 }.encode_to_vec();
-    assert_eq!(rewrites(&|m| graph(m).node.push(node("If", &["c"], "branch", vec![subgraph.clone()]))), None);
+    let subgraph = TestAttribute { name: "then_branch".into(), g: Some(vec![]), r#type: 5, ..TestAttribute::default() };
+    assert_eq!(rewrites(&|m| graph(m).node.push(node("If", &["c"], "branch", vec![subgraph.encode_to_vec()]))), None);
+    let stored_elsewhere = TestTensor { dims: vec![2], data_type: FLOAT, data_location: 1, ..TestTensor::default() };
+    let constant =
+        TestAttribute { name: "value".into(), t: Some(stored_elsewhere), r#type: 4, ..TestAttribute::default() };
+    assert_eq!(rewrites(&|m| graph(m).node.push(node("Constant", &[], "k", vec![constant.encode_to_vec()]))), None);
+    // A `Mul` of opset 6 and before, which broadcast as its attributes said.
+    assert_eq!(rewrites(&|m| graph(m).node[1].attribute = vec![int_attribute("broadcast", 1)]), None);
+    // Two `graph` fields, which a reader merges.
+    let model = lookup_model(&ROW_SCALES, &[5, 1]);
+    let mut twice = model.encode_to_vec();
+    twice.extend(TestModel { graph: model.graph.clone(), ..TestModel::default() }.encode_to_vec());
+    assert!(gather_before_widening(&twice).is_none());
     // Not a model at all.
     assert!(gather_before_widening(&[0xff, 0xff, 0xff]).is_none());
 }
