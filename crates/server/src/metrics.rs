@@ -312,12 +312,14 @@ impl Metrics {
             let m = || vec![Label::new("model", name.to_owned())];
             self.gauge(names::QUEUE_DEPTH, m()).set(depth as f64);
             self.gauge(names::MODEL_READY, m()).set(if memory.is_some() { 1.0 } else { 0.0 });
+            // A model unloaded or not ready holds nothing: its figures drop to 0 rather than keep their last values.
+            let loaded = memory.is_some();
             let memory = memory.unwrap_or_default();
-            if let Some(bytes) = memory.weight_bytes {
-                self.gauge(names::MODEL_WEIGHTS, m()).set(bytes as f64);
-            }
-            if let Some(bytes) = memory.device_bytes {
-                self.gauge(names::MODEL_DEVICE_MEMORY, m()).set(bytes as f64);
+            self.gauge(names::MODEL_WEIGHTS, m()).set(memory.weight_bytes.unwrap_or(0) as f64);
+            match memory.device_bytes {
+                Some(bytes) => self.gauge(names::MODEL_DEVICE_MEMORY, m()).set(bytes as f64),
+                None if !loaded => self.gauge(names::MODEL_DEVICE_MEMORY, m()).set(0.0),
+                None => {}
             }
         }
         self.gauge(names::GPUS, vec![]).set(gpus.len() as f64);
@@ -466,5 +468,21 @@ mod tests {
         metrics.upkeep();
         metrics.request_done("m", Protocol::Predict, 200, Duration::from_millis(1));
         assert_eq!(predict_count(&metrics.render([], &[]), "m"), Some(1001));
+    }
+
+    #[test]
+    fn a_model_that_stops_holding_memory_reports_none_rather_than_its_last_figures() {
+        let metrics = Metrics::new(&["m"]);
+        let gauge = |text: &str, name: &str| {
+            let prefix = format!("{name}{{model=\"m\"}} ");
+            text.lines().find_map(|l| l.strip_prefix(&prefix)).map(str::to_owned)
+        };
+        let held = ModelMemory { weight_bytes: Some(5000), device_bytes: Some(7000) };
+        let text = metrics.render([("m", 0, Some(held))], &[]);
+        assert_eq!(gauge(&text, names::MODEL_WEIGHTS).as_deref(), Some("5000"), "{text}");
+        assert_eq!(gauge(&text, names::MODEL_DEVICE_MEMORY).as_deref(), Some("7000"), "{text}");
+        let text = metrics.render([("m", 0, None)], &[]);
+        assert_eq!(gauge(&text, names::MODEL_WEIGHTS).as_deref(), Some("0"), "unloaded: {text}");
+        assert_eq!(gauge(&text, names::MODEL_DEVICE_MEMORY).as_deref(), Some("0"), "unloaded: {text}");
     }
 }
