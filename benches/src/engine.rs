@@ -15,8 +15,8 @@ use crate::report::{EngineReport, Percentiles};
 pub struct EngineRun<'a> {
     pub model_dir: &'a Path,
     pub onnxruntime_lib: &'a Path,
-    /// Where the model names none.
-    pub default_intra_op_threads: usize,
+    /// The shared pool's threads, which a model that names none of its own uses (as in the server).
+    pub shared_threads: usize,
     /// In place of the model's own.
     pub intra_op_threads: Option<usize>,
     /// A vision model's picture, made into its tensor once.
@@ -32,10 +32,7 @@ pub fn run(run: &EngineRun<'_>) -> anyhow::Result<Vec<EngineReport>> {
         config.onnx.intra_op_threads = Some(threads);
     }
     let settings = EngineSettings {
-        onnx: OnnxSettings {
-            library: run.onnxruntime_lib.to_path_buf(),
-            default_intra_op_threads: run.default_intra_op_threads,
-        },
+        onnx: OnnxSettings { library: run.onnxruntime_lib.to_path_buf(), shared_threads: run.shared_threads },
         default_precision: inferd_core::Precision::Fp32,
         builder: None,
         gpu_memory: None,

@@ -117,8 +117,8 @@ struct EngineArgs {
     batch_sizes: Vec<usize>,
     #[arg(long, default_value = ".cache/onnxruntime/libonnxruntime.so.1.31.1")]
     onnxruntime_lib: PathBuf,
-    /// ONNX Runtime intra-op threads, in place of the model's own `onnx.intra_op_threads` [default: the model's,
-    /// else every core, as a lone inferd model gets].
+    /// ONNX Runtime intra-op threads of a pool of the model's own, in place of its `onnx.intra_op_threads`
+    /// [default: the model's own pool, else the shared pool of every core, as in the server].
     #[arg(long)]
     intra_op_threads: Option<usize>,
     /// A vision model: this picture, made into the model's tensor once by its task (as the server would), is every
@@ -147,7 +147,7 @@ fn main() -> anyhow::Result<()> {
             let run = engine::EngineRun {
                 model_dir: &args.model_dir,
                 onnxruntime_lib: &args.onnxruntime_lib,
-                default_intra_op_threads: cores,
+                shared_threads: cores,
                 intra_op_threads: args.intra_op_threads,
                 picture: args.picture.as_deref(),
                 batch_sizes: &args.batch_sizes,

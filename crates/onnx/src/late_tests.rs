@@ -183,10 +183,7 @@ fn workspace() -> PathBuf {
 }
 
 fn settings() -> OnnxSettings {
-    OnnxSettings {
-        library: workspace().join(".cache/onnxruntime/libonnxruntime.so.1.31.1"),
-        default_intra_op_threads: 1,
-    }
+    OnnxSettings { library: workspace().join(".cache/onnxruntime/libonnxruntime.so.1.31.1"), shared_threads: 1 }
 }
 
 #[test]
@@ -298,10 +295,9 @@ fn the_bundled_int8_minilm_answers_the_same_to_the_bit_when_rewritten() {
         std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e} (./scripts/setup.sh unpacks it)", file.display()));
     let (rewritten, tables) = gather_before_widening(&bytes).expect("its embedding tables are rewritten");
     assert_eq!(tables, 2, "the word and position embeddings");
-    let runtime = crate::runtime(&settings().library).expect("ONNX Runtime");
+    let runtime = crate::runtime(&settings().library, 1).expect("ONNX Runtime");
     let session = |model: Option<&[u8]>| -> Session {
         let mut builder = Session::builder(&runtime.environment)
-            .and_then(|b| b.with_intra_threads(1).map_err(Into::into))
             .and_then(|b| b.with_disabled_optimizers("ConstantFolding").map_err(Into::into))
             .expect("builder");
         match model {
@@ -330,4 +326,27 @@ fn the_bundled_int8_minilm_answers_the_same_to_the_bit_when_rewritten() {
     assert!(stored.iter().all(|v| v.is_finite()));
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     assert!(bits(&stored) == bits(&late), "the rewritten graph's states differ from the stored graph's");
+}
+
+/// A session with its own pool (`[onnx] intra_op_threads`) beside sessions on the shared one: both load and give
+/// the same rows.
+#[test]
+fn a_model_with_threads_of_its_own_answers_as_one_on_the_shared_pool() {
+    let ids = [3i64, 1, 4];
+    let answers: Vec<Vec<f32>> = ["", "[onnx]\nintra_op_threads = 2\n"]
+        .iter()
+        .map(|extra| {
+            let dir = tempfile::tempdir().expect("temp dir");
+            std::fs::write(dir.path().join("model.onnx"), lookup_model(&ROW_SCALES, &[5, 1]).encode_to_vec())
+                .expect("write");
+            let text = format!("backend = \"onnx\"\nfile = \"model.onnx\"\ndevice = \"cpu\"\n{extra}");
+            let config = ModelConfig::parse("lookup", dir.path(), &text).expect("config");
+            assert_eq!(config.onnx.intra_op_threads, (!extra.is_empty()).then_some(2));
+            let mut engine = OnnxEngine::load(&config, &settings(), Precision::Fp32).expect("load");
+            let out = engine.run(&[Tensor::from_slice(vec![ids.len()], &ids).expect("ids")]).expect("run");
+            out[0].to_vec::<f32>().expect("f32")
+        })
+        .collect();
+    assert_eq!(answers[0], expected_rows(&ids, |row, _| ROW_SCALES[row]));
+    assert_eq!(answers[0], answers[1]);
 }

@@ -9,7 +9,7 @@ use inferd_core::{
     with_element_type, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Pooling, Precision, Result,
     Task, Tensor, TensorSpec,
 };
-use ort::environment::Environment;
+use ort::environment::{Environment, GlobalThreadPoolOptions};
 use ort::ep::{self, ExecutionProvider};
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, TensorElementType, ValueType};
@@ -33,8 +33,9 @@ struct Runtime {
 pub struct OnnxSettings {
     /// `libonnxruntime.so` to load (once per process: the first that loads wins).
     pub library: PathBuf,
-    /// Intra-op threads for a model whose `[onnx]` table does not say.
-    pub default_intra_op_threads: usize,
+    /// Threads of the one pool that every session shares unless its `[onnx] intra_op_threads` gives it its own:
+    /// a busy model uses them all, and busy models share them. Fixed by the first model to load.
+    pub shared_threads: usize,
 }
 
 /// Bytes of the initializers `file`'s graph stores, read without ONNX Runtime; `None` where it cannot be read so.
@@ -42,8 +43,9 @@ pub fn stored_weight_bytes(file: &Path) -> Option<u64> {
     graph::stored(file).map(|s| s.weight_bytes)
 }
 
-/// Loads the ONNX Runtime library (once per process) and returns its environment.
-fn runtime(library: &Path) -> Result<&'static Runtime> {
+/// Loads the ONNX Runtime library (once per process) and returns its environment, whose global thread pool of
+/// `threads` the sessions share.
+fn runtime(library: &Path, threads: usize) -> Result<&'static Runtime> {
     if let Some(runtime) = RUNTIME.get() {
         return Ok(loaded(runtime, library));
     }
@@ -61,11 +63,19 @@ fn runtime(library: &Path) -> Result<&'static Runtime> {
     }
     let builder = ort::init_from(library)
         .map_err(|e| Error::Engine(format!("cannot load the ONNX Runtime library {}: {e}", library.display())))?;
+    // The pool's threads sleep when there is no work: spinning would take the cores from the runtime's threads
+    // and the other models (see `open_session`).
+    let pool = GlobalThreadPoolOptions::default()
+        .with_intra_threads(threads.max(1))
+        .and_then(|p| p.with_inter_threads(1))
+        .and_then(|p| p.with_spin_control(false))
+        .map_err(|e| Error::Engine(format!("cannot set up ONNX Runtime's thread pool: {e}")))?;
     let environment = builder
         .with_name("inferd")
+        .with_global_thread_pool(pool)
         .build()
         .map_err(|e| Error::Engine(format!("cannot start ONNX Runtime from {}: {e}", library.display())))?;
-    tracing::info!(library = %library.display(), "ONNX Runtime loaded");
+    tracing::info!(library = %library.display(), shared_threads = threads, "ONNX Runtime loaded");
     Ok(RUNTIME.get_or_init(|| Runtime { environment, library: library.to_path_buf() }))
 }
 
@@ -123,7 +133,7 @@ enum Placement {
 impl OnnxEngine {
     /// Loads one session of the model. `default_precision` applies when `model.toml` does not name one.
     pub fn load(config: &ModelConfig, settings: &OnnxSettings, default_precision: Precision) -> Result<OnnxEngine> {
-        let runtime = runtime(&settings.library)?;
+        let runtime = runtime(&settings.library, settings.shared_threads)?;
         let placement = match config.device {
             DeviceSpec::Cpu => Placement::Cpu,
             DeviceSpec::Cuda(device) => Placement::Gpu { device, required: true },
@@ -139,7 +149,6 @@ impl OnnxEngine {
                 }
             },
         };
-        let threads = config.onnx.intra_op_threads.unwrap_or(settings.default_intra_op_threads).max(1);
         let bytes = std::fs::read(&config.file).ok();
         let stored = bytes.as_deref().and_then(graph::stored_in);
         let fold_constants = fold_constants(config, stored);
@@ -149,7 +158,7 @@ impl OnnxEngine {
             tracing::info!(model = %config.name, tables, "narrow lookup tables are widened after the lookup, row by row");
         }
         let options = SessionOptions {
-            threads,
+            own_threads: config.onnx.intra_op_threads,
             fold_constants,
             default_precision,
             model: rewritten.as_ref().map(|(bytes, _)| bytes.as_slice()),
@@ -237,7 +246,8 @@ fn fold_constants(config: &ModelConfig, stored: Option<graph::Stored>) -> bool {
 /// A session's settings, beside the model's own configuration.
 #[derive(Clone, Copy)]
 struct SessionOptions<'a> {
-    threads: usize,
+    /// `[onnx] intra_op_threads`: a pool of the session's own; `None` shares the process's.
+    own_threads: Option<usize>,
     fold_constants: bool,
     default_precision: Precision,
     /// The model's bytes, where they differ from its file's (see [`late`]).
@@ -251,9 +261,15 @@ fn open_session(
     placement: Placement,
 ) -> Result<Session> {
     let fail = |e: &dyn std::fmt::Display| Error::Engine(format!("model `{}`: {e}", config.name));
-    let SessionOptions { threads, fold_constants, default_precision, model } = *options;
+    let SessionOptions { own_threads, fold_constants, default_precision, model } = *options;
     let mut builder = Session::builder(&runtime.environment)
-        .and_then(|b| b.with_intra_threads(threads).map_err(Into::into))
+        .and_then(|b| match own_threads {
+            Some(threads) => b
+                .with_independent_thread_pool()
+                .map_err(ort::Error::from)
+                .and_then(|b| b.with_intra_threads(threads.max(1)).map_err(Into::into)),
+            None => Ok(b),
+        })
         .and_then(|b| b.with_inter_threads(1).map_err(Into::into))
         // ONNX Runtime's pool threads spin between operators by default. In a server the runtime's threads and the
         // other models share the cores with them, and a spinning thread burns the time they need: measured on 2

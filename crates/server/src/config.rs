@@ -143,8 +143,8 @@ pub struct ServeConfig {
     #[arg(long, env = "INFERD_GPU_REFRESH_MS", default_value_t = 5000)]
     pub gpu_refresh_ms: u64,
 
-    /// ONNX Runtime intra-op threads for models whose [onnx] table names none. [default: the cores present
-    /// shared among the ONNX model instances]
+    /// Threads of the one ONNX Runtime pool that every model without its own [onnx] intra_op_threads shares: a
+    /// busy model uses all of them, several busy models share them. [default: the cores present]
     #[arg(long, env = "INFERD_INTRA_OP_THREADS")]
     pub intra_op_threads: Option<usize>,
 

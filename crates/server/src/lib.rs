@@ -46,7 +46,6 @@ pub use ops::infer::{BATCH_SIZE_HEADER, COMPUTE_TIME_HEADER, QUEUE_TIME_HEADER};
 pub use routes::predict::TIMEOUT_HEADER;
 pub use state::AppState;
 
-use inferd_core::{Backend, ModelConfig};
 use inferd_models::{Defaults, EngineSettings, GpuMemoryReader, Repository};
 
 use crate::gpu::GpuMonitor;
@@ -106,7 +105,7 @@ impl Server {
             &repository,
         )?;
         let probe = self.gpu_probe.unwrap_or_else(gpu::system_probe);
-        let settings = engine_settings(&config, &configs, self.engine_builder, gpu::memory_reader(&probe));
+        let settings = engine_settings(&config, self.engine_builder, gpu::memory_reader(&probe));
         let gpu = GpuMonitor::new(probe);
         gpu.refresh().await;
         let count = configs.len();
@@ -164,21 +163,18 @@ impl Server {
     }
 }
 
-/// What the engines need from the configuration: the ONNX Runtime library, its threads (the cores shared by
-/// the ONNX instances unless `--intra-op-threads` says), the default precision.
+/// What the engines need from the configuration: the ONNX Runtime library, the threads of the pool its sessions
+/// share (every core unless `--intra-op-threads` says), the default precision.
 fn engine_settings(
     config: &ServeConfig,
-    models: &[ModelConfig],
     builder: Option<EngineBuilder>,
     gpu_memory: GpuMemoryReader,
 ) -> EngineSettings {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let onnx_instances =
-        models.iter().filter(|m| m.backend == Backend::Onnx).map(|m| m.instances).sum::<usize>().max(1);
     EngineSettings {
         onnx: OnnxSettings {
             library: config.onnxruntime_lib.clone(),
-            default_intra_op_threads: config.intra_op_threads.unwrap_or((cores / onnx_instances).max(1)),
+            shared_threads: config.intra_op_threads.unwrap_or(cores).max(1),
         },
         default_precision: config.default_precision(),
         builder,

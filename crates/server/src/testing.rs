@@ -61,7 +61,7 @@ pub fn registry(repository: &Path) -> Registry {
         Ok(Box::new(Echo::new()))
     };
     let settings = EngineSettings {
-        onnx: OnnxSettings { library: "no-library".into(), default_intra_op_threads: 1 },
+        onnx: OnnxSettings { library: "no-library".into(), shared_threads: 1 },
         default_precision: Precision::Fp32,
         builder: Some(Arc::new(build)),
         gpu_memory: None,

@@ -15,7 +15,7 @@ use inferd_models::{EngineSettings, Repository};
 fn state(draining: bool) -> AppState {
     let config = crate::ServeConfig::from_args(["--max-body-bytes", "1024"]).expect("parses");
     let settings = EngineSettings {
-        onnx: inferd_models::OnnxSettings { library: "no-library".into(), default_intra_op_threads: 1 },
+        onnx: inferd_models::OnnxSettings { library: "no-library".into(), shared_threads: 1 },
         default_precision: inferd_core::Precision::Fp32,
         builder: None,
         gpu_memory: None,
