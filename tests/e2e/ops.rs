@@ -70,6 +70,11 @@ async fn metrics_exist_from_the_start_and_follow_the_traffic() {
     let batches = after.value("inferd_batch_size_rows_count", &m);
     assert!((1.0..=5.0).contains(&batches), "{batches} batches");
     assert_eq!(after.value("inferd_compute_duration_seconds_count", &m), batches);
+    // The model's one worker ran every batch: its busy time is the engine time of them all.
+    let worker = [("model", "digits"), ("instance", "0")];
+    assert_eq!(after.value("inferd_worker_busy_seconds_count", &worker), batches);
+    let busy = after.value("inferd_worker_busy_seconds_sum", &worker);
+    assert!((busy - after.value("inferd_compute_duration_seconds_sum", &m)).abs() < 1e-9, "{busy}");
     assert_eq!(after.value("inferd_batch_size_rows_bucket", &[("model", "digits"), ("le", "+Inf")]), batches);
     assert_eq!(after.value("inferd_requests_in_flight", &digits), 0.0);
 }

@@ -116,9 +116,10 @@ pub trait BatchObserver: Send + Sync {
     }
     /// A request's batch starts, after `queue_time` in the queue: once for each piece of a split request.
     fn request_started(&self, queue_time: Duration);
-    /// One engine run of `rows` rows took `compute_time`; `ok` is false when the engine failed or panicked, or
-    /// its outputs did not fit the model. Called once per run, also for the reruns that isolate a failure.
-    fn batch_done(&self, rows: usize, compute_time: Duration, ok: bool);
+    /// One engine run of `rows` rows on worker `worker` (the model's instance, from 0) took `compute_time`; `ok` is
+    /// false when the engine failed or panicked, or its outputs did not fit the model. Called once per run, also for
+    /// the reruns that isolate a failure.
+    fn batch_done(&self, worker: usize, rows: usize, compute_time: Duration, ok: bool);
     /// A request (or a piece of a split one) of `rows` rows was answered, `elapsed` after it was queued: with
     /// its outputs when `ok`, else with its engine's error. Nothing by default.
     fn request_answered(&self, rows: usize, elapsed: Duration, ok: bool) {
@@ -137,5 +138,5 @@ pub struct NoObserver;
 impl BatchObserver for NoObserver {
     fn request_started(&self, _queue_time: Duration) {}
 
-    fn batch_done(&self, _rows: usize, _compute_time: Duration, _ok: bool) {}
+    fn batch_done(&self, _worker: usize, _rows: usize, _compute_time: Duration, _ok: bool) {}
 }

@@ -107,7 +107,7 @@ impl BatchObserver for Observed {
         *self.started.lock().expect("observed") += 1;
     }
 
-    fn batch_done(&self, rows: usize, _compute_time: Duration, ok: bool) {
+    fn batch_done(&self, _worker: usize, rows: usize, _compute_time: Duration, ok: bool) {
         self.batches.lock().expect("observed").push((rows, ok));
     }
 

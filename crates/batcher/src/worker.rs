@@ -141,7 +141,7 @@ impl Worker {
             false => self.split_outputs(outputs, rows, &counts),
             true => split_hidden(outputs, rows, &counts),
         });
-        self.observer.batch_done(rows, compute_time, result.is_ok());
+        self.observer.batch_done(self.index, rows, compute_time, result.is_ok());
         result
     }
 

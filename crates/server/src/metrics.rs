@@ -33,6 +33,7 @@ pub mod names {
     pub const BATCH_SIZE: &str = "inferd_batch_size_rows";
     /// Batches whose engine call failed or panicked, by `model`.
     pub const BATCH_FAILURES: &str = "inferd_batch_failures_total";
+    pub const WORKER_BUSY: &str = "inferd_worker_busy_seconds";
     /// Text models: real tokens batched, by `model`.
     pub const BATCH_TOKENS: &str = "inferd_batch_tokens_total";
     /// Text models: tokens batched once padded to each batch's longest sequence, by `model`. Over
@@ -170,6 +171,11 @@ impl Metrics {
         describe(names::COMPUTE_DURATION, Some(Unit::Seconds), "Time the engine spent on one batch.");
         describe(names::BATCH_SIZE, None, "Rows in one batch.");
         describe(names::BATCH_FAILURES, None, "Batches whose engine call failed or panicked.");
+        describe(
+            names::WORKER_BUSY,
+            Some(Unit::Seconds),
+            "Each worker's (engine instance's) batches: its _sum is the time it held the cores or the GPU.",
+        );
         describe(names::BATCH_TOKENS, None, "Text models: real tokens batched.");
         describe(names::BATCH_PADDED_TOKENS, None, "Text models: tokens batched, padding included.");
         describe(names::QUEUE_DEPTH, None, "Requests waiting for a worker.");
@@ -270,10 +276,13 @@ impl Metrics {
         self.handle.run_upkeep();
     }
 
-    /// What one version of `model`'s batcher reports into: the model's series, and the version's own counts.
-    pub fn batch_metrics(&self, model: &str) -> Arc<BatchMetrics> {
+    /// What one version of `model`'s batcher, of `instances` workers, reports into: the model's series, and the
+    /// version's own counts.
+    pub fn batch_metrics(&self, model: &str, instances: usize) -> Arc<BatchMetrics> {
         let m = || vec![Label::new("model", model.to_owned())];
+        let worker = |i: usize| vec![Label::new("model", model.to_owned()), Label::new("instance", i.to_string())];
         Arc::new(BatchMetrics {
+            busy: (0..instances).map(|i| self.histogram(names::WORKER_BUSY, worker(i))).collect(),
             queue: self.histogram(names::QUEUE_DURATION, m()),
             compute: self.histogram(names::COMPUTE_DURATION, m()),
             rows: self.histogram(names::BATCH_SIZE, m()),
@@ -354,6 +363,8 @@ impl Drop for InFlight {
 /// series (which its versions share), and the version's own counts, which `/health` shows. The one place these
 /// events are counted.
 pub struct BatchMetrics {
+    /// One per worker, by its instance number.
+    busy: Vec<Histogram>,
     queue: Histogram,
     compute: Histogram,
     rows: Histogram,
@@ -417,7 +428,10 @@ impl BatchObserver for BatchMetrics {
         c.last_answer_ms.store(u64::try_from(now.as_millis()).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
-    fn batch_done(&self, rows: usize, compute_time: Duration, ok: bool) {
+    fn batch_done(&self, worker: usize, rows: usize, compute_time: Duration, ok: bool) {
+        if let Some(busy) = self.busy.get(worker) {
+            busy.record(compute_time.as_secs_f64());
+        }
         self.counts.batches.fetch_add(1, Ordering::Relaxed);
         self.counts.compute_ns.fetch_add(nanos(compute_time), Ordering::Relaxed);
         self.counts.rows.fetch_add(rows as u64, Ordering::Relaxed);
@@ -484,5 +498,27 @@ mod tests {
         let text = metrics.render([("m", 0, None)], &[]);
         assert_eq!(gauge(&text, names::MODEL_WEIGHTS).as_deref(), Some("0"), "unloaded: {text}");
         assert_eq!(gauge(&text, names::MODEL_DEVICE_MEMORY).as_deref(), Some("0"), "unloaded: {text}");
+    }
+
+    #[test]
+    fn each_worker_reports_its_busy_time() {
+        let metrics = Metrics::new(&["m"]);
+        let batches = metrics.batch_metrics("m", 2);
+        batches.batch_done(1, 8, Duration::from_millis(250), true);
+        batches.batch_done(1, 8, Duration::from_millis(500), false);
+        batches.batch_done(0, 1, Duration::from_millis(100), true);
+        batches.batch_done(7, 1, Duration::from_secs(9), true);
+        metrics.upkeep();
+        let text = metrics.render([], &[]);
+        let sum = |instance: &str| {
+            text.lines()
+                .filter(|l| l.starts_with(&format!("{}_sum{{", names::WORKER_BUSY)))
+                .find(|l| l.contains(&format!("instance=\"{instance}\"")) && l.contains("model=\"m\""))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse::<f64>().ok())
+        };
+        assert_eq!(sum("0"), Some(0.1), "{text}");
+        assert_eq!(sum("1"), Some(0.75), "{text}");
+        assert_eq!(sum("7"), None, "a worker the model does not have: {text}");
     }
 }

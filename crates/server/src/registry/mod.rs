@@ -237,7 +237,7 @@ impl Registry {
 
     /// Loads one version, its batches reported to the model's metrics. Blocking.
     fn load_version(&self, config: &ModelConfig) -> anyhow::Result<Loaded> {
-        let metrics = self.metrics.batch_metrics(&config.name);
+        let metrics = self.metrics.batch_metrics(&config.name, config.instances);
         let model = inferd_models::load(config, &self.settings, metrics.clone());
         crate::alloc::give_back_free_memory();
         Ok(Loaded::Ready { model: Arc::new(model?), metrics })
