@@ -182,16 +182,37 @@ fn refuse_non_finite(tensors: &[Tensor], specs: &[TensorSpec], what: &str) -> Re
     Ok(())
 }
 
-/// Runs `work` on the blocking pool when `large`, inline when not.
+/// Runs `work` on the blocking pool when `large`, inline when not. At most as many such pieces of work run at once
+/// as there are cores, the rest waiting for a turn without a thread of their own: tokenizing, decoding pictures and
+/// large bodies are CPU work, which more threads than cores would only interleave (tokio's blocking pool grows to
+/// hundreds of threads under load). A turn is held until the work ends, even when its request is dropped.
 pub async fn off_runtime_if<T: Send + 'static>(
     large: bool,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, AppError> {
-    if large {
-        tokio::task::spawn_blocking(work).await.map_err(|e| AppError::internal(format!("blocking task failed: {e}")))
-    } else {
-        Ok(work())
+    if !large {
+        return Ok(work());
     }
+    let turn = cpu_turns()
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| AppError::internal("the CPU work turns closed: this is a bug"))?;
+    tokio::task::spawn_blocking(move || {
+        let done = work();
+        drop(turn);
+        done
+    })
+    .await
+    .map_err(|e| AppError::internal(format!("blocking task failed: {e}")))
+}
+
+/// The turns of [`off_runtime_if`]'s work: one per core, for the process.
+fn cpu_turns() -> &'static Arc<tokio::sync::Semaphore> {
+    static TURNS: std::sync::OnceLock<Arc<tokio::sync::Semaphore>> = std::sync::OnceLock::new();
+    TURNS.get_or_init(|| {
+        Arc::new(tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(1, |n| n.get())))
+    })
 }
 
 /// A deadline `after` from now, or none where that is past the end of time.

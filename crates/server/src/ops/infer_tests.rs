@@ -70,3 +70,34 @@ async fn decoded_tensors_past_the_in_flight_budget_are_refused_before_they_queue
         Some(0)
     );
 }
+
+/// Large CPU work runs at most one piece per core at once, whatever the number of requests that bring it, a dropped
+/// request's work among them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_work_runs_no_more_pieces_at_once_than_there_are_cores() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (running, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let piece = |running: Arc<AtomicUsize>, most: Arc<AtomicUsize>| {
+        move || {
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            running.fetch_sub(1, Ordering::SeqCst);
+        }
+    };
+    // A request that goes away while its work waits or runs.
+    let dropped = tokio::spawn(off_runtime_if(true, piece(running.clone(), most.clone())));
+    tokio::task::yield_now().await;
+    dropped.abort();
+    let all: Vec<_> =
+        (0..4 * cores).map(|_| tokio::spawn(off_runtime_if(true, piece(running.clone(), most.clone())))).collect();
+    for task in all {
+        task.await.expect("joined").expect("ran");
+    }
+    assert!(
+        (1..=cores).contains(&most.load(Ordering::SeqCst)),
+        "{} at once on {cores} cores",
+        most.load(Ordering::SeqCst)
+    );
+}
