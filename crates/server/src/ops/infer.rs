@@ -67,7 +67,7 @@ pub async fn encode<T: Send + 'static>(
     served: Served,
     encode: impl FnOnce(Served) -> Result<T, CodecError> + Send + 'static,
 ) -> Result<T, AppError> {
-    Ok(off_runtime_if(encodes_large(&served.answer.tensors), move || encode(served)).await??)
+    Ok(off_runtime_answering(encodes_large(&served.answer.tensors), move || encode(served)).await??)
 }
 
 /// Runs `request` on `model`: the task's step before the batcher, the batcher, the task's step after it. The
@@ -111,7 +111,7 @@ pub async fn infer(
     let out = model.batcher.infer(request).await?;
     let finish = prepared.finish;
     let engine = model.clone();
-    let answer = off_runtime_if(encodes_large(&out.outputs), move || {
+    let answer = off_runtime_answering(encodes_large(&out.outputs), move || {
         // The engine's own outputs are checked, before the task's step makes an answer of them; per-token states
         // after it, once cut to the tokens the client sees (padded positions may hold anything).
         if !allow_non_finite && !per_token {
@@ -190,14 +190,37 @@ pub async fn off_runtime_if<T: Send + 'static>(
     large: bool,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, AppError> {
+    off_runtime(large, Some(cpu_turns()), work).await
+}
+
+/// [`off_runtime_if`] for the steps after the batcher (making and encoding an answer): they take no turn, so that
+/// answers already computed, whose requests hold their share of the in-flight budget, never wait behind the
+/// preparation of new requests.
+pub async fn off_runtime_answering<T: Send + 'static>(
+    large: bool,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, AppError> {
+    off_runtime(large, None, work).await
+}
+
+async fn off_runtime<T: Send + 'static>(
+    large: bool,
+    turns: Option<&Arc<tokio::sync::Semaphore>>,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, AppError> {
     if !large {
         return Ok(work());
     }
-    let turn = cpu_turns()
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| AppError::internal("the CPU work turns closed: this is a bug"))?;
+    let turn = match turns {
+        Some(turns) => Some(
+            turns
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| AppError::internal("the CPU work turns closed: this is a bug"))?,
+        ),
+        None => None,
+    };
     tokio::task::spawn_blocking(move || {
         let done = work();
         drop(turn);
