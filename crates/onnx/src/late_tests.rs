@@ -295,7 +295,7 @@ fn the_bundled_int8_minilm_answers_the_same_to_the_bit_when_rewritten() {
         std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e} (./scripts/setup.sh unpacks it)", file.display()));
     let (rewritten, tables) = gather_before_widening(&bytes).expect("its embedding tables are rewritten");
     assert_eq!(tables, 2, "the word and position embeddings");
-    let runtime = crate::runtime(&settings().library, 1).expect("ONNX Runtime");
+    let runtime = crate::session::runtime(&settings().library, 1).expect("ONNX Runtime");
     let session = |model: Option<&[u8]>| -> Session {
         let mut builder = Session::builder(&runtime.environment)
             .and_then(|b| b.with_disabled_optimizers("ConstantFolding").map_err(Into::into))
