@@ -233,6 +233,9 @@ def write_folder(folder, config, weights, tokenizer):
     write_json(folder / "config.json", config)
     if weights is not None:
         save_file(weights, str(folder / "model.safetensors"))
+        # safetensors leaves its file readable by its owner alone; a server running as another user (the images'
+        # non-root one) must read it.
+        (folder / "model.safetensors").chmod(0o644)
     # The server pads and truncates itself; a tokenizer.json that did either would change what it is given.
     # Compact, key order kept, like the tokenizer.json it comes from.
     tokenizer = {**tokenizer, "padding": None, "truncation": None}

