@@ -72,6 +72,7 @@ class Container:
             cmd += ["--env", e]
         cmd += [container, "--"] + (config.get("Entrypoint") or []) + (config.get("Cmd") or [])
         print("image-check: running", " ".join(cmd), file=sys.stderr)
+        self.started = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
         self.lines = []
@@ -135,6 +136,21 @@ class Container:
             self.proc.wait()
 
 
+def start(config, runner, name, tries=3):
+    """Starts the container; buildah's run now and then fails to seal the copy of itself it runs from (EBUSY from
+    the kernel), before anything of the image has run: that, and only that, is tried again."""
+    for attempt in range(tries):
+        container = Container(config, runner, name)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and container.proc.poll() is None:
+            time.sleep(0.1)
+        container.reader.join(1 if container.proc.poll() is not None else 0)
+        if container.proc.poll() is None or "sealing memfd" not in container.output() or attempt == tries - 1:
+            return container
+        print(f"image-check: buildah could not start the container, again: {container.output(2)}", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
 def start_period(config):
     """The HEALTHCHECK's start period, in seconds: how long the image says it may take to become healthy."""
     health = config.get("Healthcheck") or {}
@@ -164,7 +180,7 @@ def check_logs_are_json(container):
 
 def check_cpu(container, config, size, report):
     name = os.path.basename((config.get("Entrypoint") or config["Cmd"])[0])
-    began = time.monotonic()
+    began = container.started
     container.wait_until("ready", lambda: http(container.base, "/health/ready")[0] == 200, start_period(config))
     report("ready after", f"{time.monotonic() - began:.1f} s")
     # Every bundled model loaded: a file the image's user cannot read fails its model, not the readiness.
@@ -242,7 +258,7 @@ def check_cpu(container, config, size, report):
 
 def check_cuda(container, config, size, report):
     name = os.path.basename((config.get("Entrypoint") or config["Cmd"])[0])
-    began = time.monotonic()
+    began = container.started
     container.wait_until("done loading", lambda: http(container.base, "/health")[1]["status"] != "starting",
                          start_period(config))
     status, health = http(container.base, "/health")
@@ -273,7 +289,7 @@ def main():
         rows.append((what, str(value)))
         print(f"image-check: {flavour}: {what}: {value}", file=sys.stderr)
 
-    container = Container(config, runner, name)
+    container = start(config, runner, name)
     try:
         (check_cpu if flavour == "cpu" else check_cuda)(container, config, size, report)
     except BaseException:

@@ -40,8 +40,8 @@ dockerfile_arg() { sed -n "s/^ARG $2=//p" "docker/Dockerfile.$1" | head -n 1; }
 RUST_VERSION=$(dockerfile_arg cpu RUST_VERSION)
 CUDA_VERSION=$(dockerfile_arg cuda CUDA_VERSION)
 UBUNTU_VERSION=$(dockerfile_arg cuda UBUNTU_VERSION)
-# A stand-in is made again when this file changes.
-RECIPE=$(cat scripts/image_standins.sh | sha256sum | cut -c1-16)
+# A stand-in is made again when its recipe (this file down to the build context's functions) changes.
+RECIPE=$(sed '/^# context: /,$d' scripts/image_standins.sh | sha256sum | cut -c1-16)
 
 # is_current NAME: NAME exists and was made by this recipe.
 is_current() {
@@ -251,9 +251,19 @@ context() {
         | tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -C "$CACHE/context" -xf -
 }
 
-# bud DOCKERFILE [buildah bud options]: builds the context's DOCKERFILE.
+# bud DOCKERFILE [buildah bud options]: builds the context's DOCKERFILE. buildah's RUN now and then fails to seal the
+# copy of itself it runs from (EBUSY from the kernel) before the step's command starts: that, and only that, is tried
+# again, from the layers already built.
 bud() {
-    local dockerfile=$1
+    local dockerfile=$1 try
     shift
-    B bud --pull=never --layers --format docker -f "$CACHE/context/$dockerfile" "$@" "$CACHE/context"
+    for try in 1 2 3; do
+        if B bud --pull=never --layers --format docker -f "$CACHE/context/$dockerfile" "$@" "$CACHE/context" \
+            2>&1 | tee "$CACHE/bud.log"; then
+            return 0
+        fi
+        grep -q "sealing memfd" "$CACHE/bud.log" || return 1
+        echo "image-check: buildah could not start a RUN step (try $try): again" >&2
+    done
+    return 1
 }
