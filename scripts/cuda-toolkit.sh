@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 
 WHEELS=(nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96
         nvidia-cuda-cccl==13.0.85)
-CUDA_DIR=${INFERD_CACHE_DIR:-$PWD/.cache}/cuda13
+CUDA_DIR=$(realpath -m "${INFERD_CACHE_DIR:-$PWD/.cache}")/cuda13
 
 # 1. The compiler.
 STAMP="$CUDA_DIR/installed: ${WHEELS[*]}"

@@ -16,7 +16,7 @@
 #
 # The test command (scripts/test.sh) runs the CPU image's check; the CUDA image builds candle's kernels, which would
 # take the test command past its time, so it is this script's --cuda, run by hand. A failed check leaves its container
-# (`buildah --root .cache/image/storage-overlay containers`) to look into; the next run removes it.
+# to look into (the script prints the buildah command that lists it); the next run removes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,8 +36,14 @@ if ! command -v buildah >/dev/null || ! command -v debootstrap >/dev/null; then
         || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q buildah debootstrap >/dev/null; }
 fi
 
-CACHE=${INFERD_CACHE_DIR:-$PWD/.cache}/image
+CACHE=$(realpath -m "${INFERD_CACHE_DIR:-$PWD/.cache}")/image
 mkdir -p "$CACHE"
+# One check at a time per checkout: they share the storage, the containers and the ports 8080 and 8001.
+exec 9>"$CACHE/lock"
+if ! flock -n 9; then
+    echo "image-check: another image check is running in this checkout" >&2
+    exit 1
+fi
 # shellcheck source=scripts/image_standins.sh
 . scripts/image_standins.sh
 
@@ -51,23 +57,25 @@ built_at=$SECONDS
 context
 mounts=(-v "${CARGO_HOME:-$HOME/.cargo}/registry:/usr/local/cargo/registry" -v "$CACHE/target-$FLAVOUR:/src/target")
 mkdir -p "$CACHE/target-$FLAVOUR" "${CARGO_HOME:-$HOME/.cargo}/registry"
-bud "docker/Dockerfile.$FLAVOUR" -t "$IMAGE" "${mounts[@]}"
+bud "$CACHE/context/docker/Dockerfile.$FLAVOUR" -t "$IMAGE" "${mounts[@]}"
 echo "image-check: $IMAGE built in $((SECONDS - built_at)) s" >&2
 
 # A broken COPY path, from the build context or from another stage, fails the build (seconds: the stages before it
-# come from the layer cache), so that the build above passing means the paths are right.
-for broken in 's|^COPY scripts/fetch-models.sh |COPY scripts/fetch-model.sh |' \
-    's|^COPY --from=builder /usr/local/bin/inferd |COPY --from=builder /usr/local/bin/inferd-server |'; do
-    sed "$broken" "docker/Dockerfile.$FLAVOUR" >"$CACHE/context/docker/Dockerfile.broken"
-    if cmp -s "docker/Dockerfile.$FLAVOUR" "$CACHE/context/docker/Dockerfile.broken"; then
-        echo "image-check: '$broken' changes nothing in docker/Dockerfile.$FLAVOUR" >&2
+# come from the layer cache; the broken Dockerfile lies outside the context, which stays as built), so that the build
+# above passing means the paths are right.
+for broken in 'COPY scripts/fetch-models.sh |COPY scripts/fetch-model.sh |fetch-model.sh' \
+    'COPY --from=builder /usr/local/bin/inferd |COPY --from=builder /usr/local/bin/inferd-server |inferd-server'; do
+    IFS='|' read -r good bad missing <<<"$broken"
+    sed "s|^$good|$bad|" "docker/Dockerfile.$FLAVOUR" >"$CACHE/Dockerfile.broken"
+    if cmp -s "docker/Dockerfile.$FLAVOUR" "$CACHE/Dockerfile.broken"; then
+        echo "image-check: docker/Dockerfile.$FLAVOUR has no line '$good' to break" >&2
         exit 1
     fi
-    if bud docker/Dockerfile.broken "${mounts[@]}" >"$CACHE/broken.log" 2>&1; then
-        echo "image-check: docker/Dockerfile.$FLAVOUR built with a broken COPY path ($broken)" >&2
+    if bud "$CACHE/Dockerfile.broken" "${mounts[@]}" >"$CACHE/broken.log" 2>&1; then
+        echo "image-check: docker/Dockerfile.$FLAVOUR built with a broken COPY path ($bad)" >&2
         exit 1
     fi
-    if ! reason=$(grep -iE "no such file|no items matching" "$CACHE/broken.log" | tail -n 1); then
+    if ! reason=$(grep -E "$missing.*(no such file|no items matching)" "$CACHE/broken.log" | tail -n 1); then
         tail -n 20 "$CACHE/broken.log" >&2
         echo "image-check: the broken Dockerfile failed, but not for its COPY path" >&2
         exit 1
@@ -79,17 +87,24 @@ done
 ./scripts/venv.sh .venv tests/python/requirements.txt
 B rm "inferd-check-$FLAVOUR" >/dev/null 2>&1 || true
 container=$(B from --pull=never --name "inferd-check-$FLAVOUR" "$IMAGE")
-# The image's config (Docker's, which has the HEALTHCHECK), and its size: its layers' bytes, as `docker images` counts.
+# The image's config (Docker's, which has the HEALTHCHECK), and its size: its layers' bytes, as `docker images` counts,
+# each printed with the step that made it.
 size=$(B inspect --type image "$IMAGE" | python3 -c '
 import json, sys
 image = json.load(sys.stdin)
 json.dump(image["Docker"]["config"], open(sys.argv[1], "w"), indent=1)
-print(sum(layer["size"] for layer in json.loads(image["Manifest"])["layers"]))' "$CACHE/$FLAVOUR-config.json")
+steps = [h.get("created_by", "") for h in image["Docker"]["history"] if not h.get("empty_layer")]
+layers = [layer["size"] for layer in json.loads(image["Manifest"])["layers"]]
+for i, size in enumerate(layers):
+    step = steps[i] if len(steps) == len(layers) else "?"
+    print(f"image-check: layer {i}: {size / 1e6:7.1f} MB  {step[:110]}", file=sys.stderr)
+print(sum(layers))' "$CACHE/$FLAVOUR-config.json")
 runner=("${BUILDAH[@]}" run)
 if [ "$FLAVOUR" = cuda ]; then
     # No GPU here: the driver library the NVIDIA runtime would mount is the link stub, which finds no device.
     runner+=(-v "$(scripts/cuda-toolkit.sh)/lib/stubs/libcuda.so:/usr/lib/x86_64-linux-gnu/libcuda.so.1:ro")
 fi
+echo "image-check: a failed check leaves its container: ${BUILDAH[*]} containers" >&2
 .venv/bin/python scripts/image_check.py "$FLAVOUR" "$CACHE/$FLAVOUR-config.json" "$size" "$container" -- \
     "${runner[@]}" | tee "$CACHE/$FLAVOUR-report.md"
 B rm "$container" >/dev/null

@@ -23,16 +23,18 @@
 # the real images hold, Ubuntu's packages for the CUDA images, or anything about a GPU.
 
 export BUILDAH_ISOLATION=chroot
+# Each checkout's storage, and its run-time state (locks, mounts), apart from any other's.
+RUNROOT=/run/inferd-image-$(printf %s "$CACHE" | sha256sum | cut -c1-12)
 # overlay where this kernel mounts it (much faster with large layers), else vfs.
 if [ -z "${INFERD_IMAGE_STORAGE_DRIVER:-}" ]; then
     INFERD_IMAGE_STORAGE_DRIVER=vfs
-    if buildah --root "$CACHE/storage-overlay" --runroot /run/inferd-image-overlay --storage-driver overlay \
+    if buildah --root "$CACHE/storage-overlay" --runroot "$RUNROOT-overlay" --storage-driver overlay \
         info >/dev/null 2>&1; then
         INFERD_IMAGE_STORAGE_DRIVER=overlay
     fi
 fi
-BUILDAH=(buildah --root "$CACHE/storage-$INFERD_IMAGE_STORAGE_DRIVER"
-         --runroot "/run/inferd-image-$INFERD_IMAGE_STORAGE_DRIVER" --storage-driver "$INFERD_IMAGE_STORAGE_DRIVER")
+BUILDAH=(buildah --root "$CACHE/storage-$INFERD_IMAGE_STORAGE_DRIVER" --runroot "$RUNROOT-$INFERD_IMAGE_STORAGE_DRIVER"
+         --storage-driver "$INFERD_IMAGE_STORAGE_DRIVER")
 B() { "${BUILDAH[@]}" "$@"; }
 
 # The versions the Dockerfiles pin, read from them, so that the stand-ins follow a change of a Dockerfile's ARG.
@@ -40,8 +42,10 @@ dockerfile_arg() { sed -n "s/^ARG $2=//p" "docker/Dockerfile.$1" | head -n 1; }
 RUST_VERSION=$(dockerfile_arg cpu RUST_VERSION)
 CUDA_VERSION=$(dockerfile_arg cuda CUDA_VERSION)
 UBUNTU_VERSION=$(dockerfile_arg cuda UBUNTU_VERSION)
-# A stand-in is made again when its recipe (this file down to the build context's functions) changes.
-RECIPE=$(sed '/^# context: /,$d' scripts/image_standins.sh | sha256sum | cut -c1-16)
+# A stand-in is made again when its recipe changes: this file down to the build context's functions, the machine's
+# extra certificate authorities, and the scripts that make the CUDA toolkit the CUDA stand-ins carry.
+RECIPE=$({ sed '/^# context: /,$d' scripts/image_standins.sh; cat scripts/cuda-toolkit.sh scripts/cuda-link-stubs.sh
+    cat /usr/local/share/ca-certificates/*.crt 2>/dev/null || true; } | sha256sum | cut -c1-16)
 
 # is_current NAME: NAME exists and was made by this recipe.
 is_current() {
@@ -177,6 +181,12 @@ standin_distroless() {
 cuda_tree() {
     local ctr=$1 mnt root dir=/usr/local/cuda-${CUDA_VERSION%.*}
     root=$(scripts/cuda-toolkit.sh)
+    # The toolkit must be the release the Dockerfile names, or the stand-in would hide what that release lacks.
+    if ! "$root/bin/nvcc" --version | grep -q "release ${CUDA_VERSION%.*},"; then
+        echo "image-check: the Dockerfile names CUDA $CUDA_VERSION; scripts/cuda-toolkit.sh makes $("$root/bin/nvcc" \
+            --version | tail -n 1)" >&2
+        return 1
+    fi
     mnt=$(B mount "$ctr")
     mkdir -p "$mnt$dir"
     cp -a "$root/." "$mnt$dir/"
@@ -251,14 +261,14 @@ context() {
         | tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -C "$CACHE/context" -xf -
 }
 
-# bud DOCKERFILE [buildah bud options]: builds the context's DOCKERFILE. buildah's RUN now and then fails to seal the
+# bud DOCKERFILE [buildah bud options]: builds DOCKERFILE (a path) on the context. buildah's RUN now and then fails to seal the
 # copy of itself it runs from (EBUSY from the kernel) before the step's command starts: that, and only that, is tried
 # again, from the layers already built.
 bud() {
     local dockerfile=$1 try
     shift
     for try in 1 2 3; do
-        if B bud --pull=never --layers --format docker -f "$CACHE/context/$dockerfile" "$@" "$CACHE/context" \
+        if B bud --pull=never --layers --format docker -f "$dockerfile" "$@" "$CACHE/context" \
             2>&1 | tee "$CACHE/bud.log"; then
             return 0
         fi
