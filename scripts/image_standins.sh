@@ -6,7 +6,8 @@
 #   rust:<RUST_VERSION>-slim-bookworm   gcc, libc6-dev and wget (the real image's packages: no make), and this
 #                                       machine's Rust toolchain (which must be RUST_VERSION) under /usr/local/rustup
 #                                       with rustup's proxies in /usr/local/cargo/bin, as the real image lays it out
-#   python:3.12-slim                    python, pip (Debian's Python 3.11: the real image's is 3.12)
+#   python:3.12-slim                    python, pip (Debian's Python 3.11: the real image's is 3.12), and as there
+#                                       no setuptools, wheel or distutils
 #   gcr.io/distroless/cc-debian12:nonroot
 #                                       only the files of libc6, libgcc-s1, libgomp1, libstdc++6, ca-certificates,
 #                                       tzdata, netbase and base-files, the user nonroot (65532), no shell
@@ -135,8 +136,14 @@ standin_python() {
     local ctr
     ctr=$(B from --pull=never "$BASE")
     apt_install "$ctr" python3 python3-pip python-is-python3
-    # The official image's pip installs into its own Python; Debian's refuses without this marker gone.
-    inside "$ctr" 'rm -f /usr/lib/python3*/EXTERNALLY-MANAGED && python --version && pip --version' >&2
+    # The official image's pip installs into its own Python; Debian's refuses without this marker gone. Python 3.12
+    # has no distutils, and its image no setuptools or wheel: Debian's pip works without them, so they go, and a
+    # step that needs them fails here as it would there.
+    inside "$ctr" 'rm -f /usr/lib/python3*/EXTERNALLY-MANAGED
+        cd /usr/lib/python3/dist-packages && rm -rf setuptools* pkg_resources _distutils_hack distutils-precedence.pth wheel*
+        rm -rf /usr/lib/python3.*/distutils
+        ! python -c "import setuptools" 2>/dev/null && ! python -c "import distutils" 2>/dev/null
+        python --version && pip --version' >&2
     B config --env LANG=C.UTF-8 --cmd python3 "$ctr"
     finish "$ctr" "$name" "the official python:3.12-slim"
 }
