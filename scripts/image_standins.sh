@@ -275,7 +275,7 @@ bud() {
     local dockerfile=$1 try
     shift
     for try in 1 2 3; do
-        if B bud --pull=never --layers --format docker -f "$dockerfile" "$@" "$CACHE/context" \
+        if B bud --pull=never --layers --force-rm --format docker -f "$dockerfile" "$@" "$CACHE/context" \
             2>&1 | tee "$CACHE/bud.log"; then
             return 0
         fi
