@@ -31,6 +31,36 @@ pub(crate) fn give_back_free_memory() {
 
 #[cfg(test)]
 mod tests {
+    /// jemalloc's option NAME (a NUL-terminated control name) as a `T`.
+    fn option<T: Default>(name: &[u8]) -> T {
+        let mut value = T::default();
+        let mut len = std::mem::size_of::<T>();
+        // SAFETY: NAME is NUL-terminated; jemalloc writes at most `len` bytes, the size of `value`, through the
+        // pointer, and reads nothing.
+        #[allow(unsafe_code)]
+        let status = unsafe {
+            tikv_jemalloc_sys::mallctl(
+                name.as_ptr().cast(),
+                (&mut value as *mut T).cast(),
+                &mut len,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        assert_eq!(status, 0, "{}", String::from_utf8_lossy(name));
+        value
+    }
+
+    /// The thread caches are the small ones `.cargo/config.toml` compiles in (unless MALLOC_CONF overrides them).
+    #[test]
+    fn thread_caches_are_small() {
+        if std::env::var_os("MALLOC_CONF").is_some() {
+            return;
+        }
+        assert_eq!(option::<u32>(b"opt.tcache_nslots_small_max\0"), 16);
+        assert_eq!(option::<usize>(b"opt.tcache_max\0"), 4096);
+    }
+
     /// A purge after freeing a large block: jemalloc accepts the command, and the block's pages leave the process.
     #[test]
     fn freed_memory_leaves_the_process_when_purged() {
