@@ -33,21 +33,13 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 
+from gpu_check import http  # noqa: E402  (scripts/, beside this file: the same JSON request, one place)
 
 
-def http(base, path, body=None, timeout=60):
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(base + path, data=data, headers={"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as r:
-            raw = r.read()
-            return r.status, raw if path == "/metrics" else json.loads(raw or b"null")
-    except urllib.error.HTTPError as e:
-        raw = e.read()
-        try:
-            return e.code, json.loads(raw)
-        except ValueError:
-            return e.code, raw.decode(errors="replace")
+
+def metrics_text(base):
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+        return r.status, r.read().decode()
 
 
 class Container:
@@ -223,9 +215,8 @@ def check_cpu(container, config, size, report):
     with socket.create_connection(("127.0.0.1", container.grpc_port), timeout=5):
         report("gRPC", f"port {container.grpc_port} open")
 
-    status, metrics = http(container.base, "/metrics")
+    status, text = metrics_text(container.base)
     assert status == 200
-    text = metrics.decode()
     counted = [line for line in text.splitlines()
                if line.startswith("inferd_requests_total{") and 'model="digits"' in line]
     assert counted and sum(float(line.rsplit(" ", 1)[1]) for line in counted) >= 1, counted or text[:2000]

@@ -33,6 +33,8 @@ pub mod names {
     pub const BATCH_SIZE: &str = "inferd_batch_size_rows";
     /// Batches whose engine call failed or panicked, by `model`.
     pub const BATCH_FAILURES: &str = "inferd_batch_failures_total";
+    /// Seconds one worker (an engine instance) spent on one batch, by `model` and `instance`: its `_sum` is the
+    /// time that worker held the cores or the GPU.
     pub const WORKER_BUSY: &str = "inferd_worker_busy_seconds";
     /// Text models: real tokens batched, by `model`.
     pub const BATCH_TOKENS: &str = "inferd_batch_tokens_total";
@@ -320,9 +322,9 @@ impl Metrics {
         for (name, depth, memory) in by_name {
             let m = || vec![Label::new("model", name.to_owned())];
             self.gauge(names::QUEUE_DEPTH, m()).set(depth as f64);
-            self.gauge(names::MODEL_READY, m()).set(if memory.is_some() { 1.0 } else { 0.0 });
             // A model unloaded or not ready holds nothing: its figures drop to 0 rather than keep their last values.
             let loaded = memory.is_some();
+            self.gauge(names::MODEL_READY, m()).set(if loaded { 1.0 } else { 0.0 });
             let memory = memory.unwrap_or_default();
             self.gauge(names::MODEL_WEIGHTS, m()).set(memory.weight_bytes.unwrap_or(0) as f64);
             match memory.device_bytes {
