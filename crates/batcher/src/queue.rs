@@ -27,8 +27,8 @@ pub(crate) type Answer = oneshot::Receiver<Result<InferResponse, BatchError>>;
 ///    (flush, stop). It is woken only when it has a timer to set, so the request path does not pay for it.
 ///
 /// One mutex (`state`) and two condvars:
-/// - `work_ready`: idle workers wait on it in `next_batch`. `cut` notifies one worker per batch it cuts (one
-///   batch, one worker), and a stop notifies them all.
+/// - `work_ready`: idle workers wait on it in `next_batch`. One worker is notified per batch `cut` makes (one
+///   batch, one worker; `admit` notifies once it has let the lock go), and a stop notifies them all.
 /// - `control`: the scheduler thread waits on it for its timer, and [`Queue::stop`] for the threads to exit.
 ///   Notified when the scheduler has a timer to set (`cut` wants to wait for a queue delay, or a request carries
 ///   a deadline), on flush and stop, and when a thread exits. It is always `notify_all`, so that the scheduler
@@ -217,11 +217,18 @@ impl Queue {
             .collect();
         // Trigger 1 of `cut`. The scheduler is woken only when it has a timer to set: a queue delay to wait out,
         // or a deadline.
-        let wait = self.cut(&mut state, now);
+        let (wait, cut) = self.cut(&mut state, now);
+        let depth = state.queue.len() + state.ready_requests;
+        // Woken after the lock is let go, a worker takes its batch at once instead of waking only to wait for the
+        // lock its waker still holds (benches/README.md, "Waking a worker").
+        drop(state);
+        for _ in 0..cut {
+            self.work_ready.notify_one();
+        }
         if wait.is_some() || deadline.is_some() {
             self.control.notify_all();
         }
-        Ok((answers, state.queue.len() + state.ready_requests))
+        Ok((answers, depth))
     }
 
     /// Checks a request of rows, and splits it into pieces of at most `max_batch_size` rows.
@@ -303,10 +310,11 @@ impl Queue {
         Ok(rows)
     }
 
-    /// Cuts batches from the queue for the idle workers, as the policy decides, and wakes one worker per batch.
-    /// The only place batches are cut; see [`Queue`] for its three triggers. Returns when the policy wants to be
-    /// asked again if nothing else happens.
-    fn cut(&self, state: &mut State, now: Instant) -> Option<Instant> {
+    /// Cuts batches from the queue for the idle workers, as the policy decides. The only place batches are cut;
+    /// see [`Queue`] for its three triggers. Returns when the policy wants to be asked again if nothing else
+    /// happens, and how many batches it cut: the caller wakes one worker for each.
+    fn cut(&self, state: &mut State, now: Instant) -> (Option<Instant>, usize) {
+        let mut cut = 0;
         while state.ready.len() < state.idle_workers {
             let candidates: Vec<Candidate<&BatchKey>> = state
                 .queue
@@ -320,13 +328,13 @@ impl Queue {
                     tracing::trace!(model = %self.model.name, rows, requests = batch.len(), ?reason, "batch cut");
                     state.ready_requests += batch.len();
                     state.ready.push_back(batch);
-                    self.work_ready.notify_one();
+                    cut += 1;
                 }
-                Decision::WaitUntil(t) => return Some(t),
-                Decision::Idle => return None,
+                Decision::WaitUntil(t) => return (Some(t), cut),
+                Decision::Idle => return (None, cut),
             }
         }
-        None
+        (None, cut)
     }
 
     /// Worker `worker` has finished its batch (or starts): waits for the next one, cutting it itself when it can.
@@ -349,9 +357,15 @@ impl Queue {
                 return None;
             }
             // Trigger 2 of `cut`: free now, take what is queued without waiting for the scheduler thread.
-            if self.cut(&mut state, Instant::now()).is_some() {
+            let (wait, cut) = self.cut(&mut state, Instant::now());
+            if wait.is_some() {
                 // The policy waits (a queue delay): the scheduler's timer cuts the batch when it is due.
                 self.control.notify_all();
+            }
+            // This worker takes one of the batches; the others are for workers asleep. (A notification with no
+            // one asleep is still a system call: none is made for the batch this worker takes itself.)
+            for _ in 1..cut {
+                self.work_ready.notify_one();
             }
             if !state.ready.is_empty() {
                 continue;
@@ -377,7 +391,11 @@ impl Queue {
             }
             let mut wake_at = state.queue.iter().chain(state.ready.iter().flatten()).filter_map(|p| p.deadline).min();
             // Trigger 3 of `cut`.
-            if let Some(t) = self.cut(&mut state, now) {
+            let (wait, cut) = self.cut(&mut state, now);
+            for _ in 0..cut {
+                self.work_ready.notify_one();
+            }
+            if let Some(t) = wait {
                 wake_at = Some(wake_at.map_or(t, |w| w.min(t)));
             }
             state = match wake_at {
