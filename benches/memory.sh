@@ -50,18 +50,20 @@ measure() {
     SERVER_PID=$!
     wait_ready
     sleep 2
-    local idle
+    local idle idle_anon
     idle=$(rss "$SERVER_PID" VmRSS)
+    idle_anon=$(rss "$SERVER_PID" RssAnon)
     local clients=$((64 / $#)) pids=()
     for model in "$@"; do
         load "$model" "$clients" &
         pids+=($!)
     done
     for pid in "${pids[@]}"; do wait "$pid"; done
-    local loaded rested peak
+    local loaded rested rested_anon peak
     loaded=$(rss "$SERVER_PID" VmRSS)
     sleep "$AFTER"
     rested=$(rss "$SERVER_PID" VmRSS)
+    rested_anon=$(rss "$SERVER_PID" RssAnon)
     peak=$(rss "$SERVER_PID" VmHWM)
     stop_server
     local weights=0
@@ -69,7 +71,7 @@ measure() {
         weights=$(find -L "$repo" -maxdepth 1 \( -name '*.onnx' -o -name '*.safetensors' \) -printf '%s\n' |
             awk '{s += $1} END {print s + 0}')
     fi
-    echo "{\"name\": \"$name\", \"weights\": ${weights:-0}, \"idle\": $idle, \"loaded\": $loaded, \"rested\": $rested, \"peak\": $peak}" \
+    echo "{\"name\": \"$name\", \"weights\": ${weights:-0}, \"idle\": $idle, \"loaded\": $loaded, \"rested\": $rested, \"peak\": $peak, \"idle_anon\": $idle_anon, \"rested_anon\": $rested_anon}" \
         >>"$OUT/memory.jsonl"
     echo "== $name: idle $((idle >> 20)) MiB, after load $((loaded >> 20)) MiB, rested $((rested >> 20)) MiB, peak $((peak >> 20)) MiB"
 }
@@ -88,15 +90,20 @@ runs = [json.loads(line) for line in open(sys.argv[1])]
 load, after = sys.argv[2], sys.argv[3]
 base = next((r["idle"] for r in runs if r["name"] == "digits"), None)
 mib = lambda b: b / 2**20
-print(f"Resident memory (MiB): idle once ready, after {load} s of 64 clients, {after} s after the load, and the peak.")
+print(f"Resident memory (MiB): idle once ready, after {load} s of 64 clients, {after} s after the load, and the peak;")
+print("then the anonymous part alone (heap and stacks: RssAnon) idle and rested, the rest being pages of files, the")
+print("binary's and libraries' code above all, which a load touches once and the kernel may drop.")
 print(f"{'served':<20} {'weights':>8} {'idle':>7} {'adds':>7} {'goal':>7} {'loaded':>7} {'rested':>7} {'peak':>7}"
-      f"  {'adds <= goal':<13} rested <= idle + 10 %")
+      f"  {'adds <= goal':<13} {'rested <= idle + 10 %':<22} {'anon':>7} {'rested':>7}  anon + 10 %")
 for r in runs:
     adds = None if base is None or r["name"] == "repository" else r["idle"] - base
     goal = None if adds is None else r["weights"] + 32 * 2**20
     fits = "-" if adds is None or r["name"] == "digits" else ("yes" if adds <= goal else "NO")
     back = "yes" if r["rested"] <= 1.1 * r["idle"] else "NO"
     fmt = lambda v: f"{mib(v):>7.1f}" if v is not None else f"{'-':>7}"
+    anon, anon_rested = r.get("idle_anon"), r.get("rested_anon")
+    anon_back = "-" if anon is None else ("yes" if anon_rested <= 1.1 * anon else "NO")
     print(f"{r['name']:<20} {mib(r['weights']):>8.1f} {mib(r['idle']):>7.1f} {fmt(adds)} {fmt(goal)} "
-          f"{mib(r['loaded']):>7.1f} {mib(r['rested']):>7.1f} {mib(r['peak']):>7.1f}  {fits:<13} {back}")
+          f"{mib(r['loaded']):>7.1f} {mib(r['rested']):>7.1f} {mib(r['peak']):>7.1f}  {fits:<13} {back:<22} "
+          f"{fmt(anon)} {fmt(anon_rested)}  {anon_back}")
 PY
