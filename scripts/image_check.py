@@ -36,7 +36,6 @@ sys.path.insert(0, str(ROOT / "tests" / "python"))
 from gpu_check import http  # noqa: E402  (scripts/, beside this file: the same JSON request, one place)
 
 
-
 def metrics_text(base):
     with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
         return r.status, r.read().decode()

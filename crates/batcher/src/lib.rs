@@ -8,10 +8,12 @@
 //! one [`BatchObserver`], the crate's only source of counts.
 //!
 //! - `request`: what callers hand in and get back.
-//! - `queue`: admission, splitting, the one place batches are cut, and its triggers.
+//! - `admission`: the checks a request passes before it queues, and its split into pieces.
+//! - `queue`: admission, the one place batches are cut, and its triggers.
 //! - `worker`: running batches, isolating the requests that fail them, checking and splitting outputs.
 //! - [`policy`]: the batching decision, a pure function.
 
+mod admission;
 pub mod policy;
 mod queue;
 mod request;

@@ -1,5 +1,5 @@
-//! One model's queue: admission, splitting requests into pieces, the one function that cuts batches, and the
-//! sweeps of requests whose caller left or whose deadline passed.
+//! One model's queue: admission (the checks and the split into pieces are [`crate::admission`]'s), the one
+//! function that cuts batches, and the sweeps of requests whose caller left or whose deadline passed.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use inferd_core::{BatchingConfig, DataType, Tensor};
 use tokio::sync::oneshot;
 
+use crate::admission;
 use crate::policy::{decide, Candidate, Decision, Policy};
 use crate::request::{BatchError, InferRequest, InferResponse, Inputs};
 use crate::Model;
@@ -165,8 +166,8 @@ impl Queue {
             )));
         }
         let pieces = match request.inputs {
-            Inputs::Rows(inputs) => self.pieces(inputs)?,
-            Inputs::Sequences(sequences) => self.sequences(sequences)?,
+            Inputs::Rows(inputs) => admission::pieces(&self.model, self.policy.max_batch_size, inputs)?,
+            Inputs::Sequences(sequences) => admission::sequences(&self.model, self.policy.max_batch_size, sequences)?,
         };
         let now = Instant::now();
         let span = request.span;
@@ -220,94 +221,13 @@ impl Queue {
         let (wait, cut) = self.cut(&mut state, now);
         let depth = state.queue.len() + state.ready_requests;
         // Woken after the lock is let go, a worker takes its batch at once instead of waking only to wait for the
-        // lock its waker still holds (benches/README.md, "Waking a worker").
+        // lock its waker still holds (benches/README.md, "digits, an empty POST beside it, and waking the worker").
         drop(state);
-        for _ in 0..cut {
-            self.work_ready.notify_one();
-        }
+        self.wake_workers(cut);
         if wait.is_some() || deadline.is_some() {
             self.control.notify_all();
         }
         Ok((answers, depth))
-    }
-
-    /// Checks a request of rows, and splits it into pieces of at most `max_batch_size` rows.
-    fn pieces(&self, inputs: Vec<Tensor>) -> Result<Vec<Vec<Tensor>>, BatchError> {
-        let rows = self.check(&inputs)?;
-        let max = self.policy.max_batch_size;
-        if rows <= max || self.model.unbatched {
-            return Ok(vec![inputs]);
-        }
-        let counts = piece_rows(rows, max);
-        let mut split: Vec<Vec<Tensor>> = counts.iter().map(|_| Vec::with_capacity(inputs.len())).collect();
-        for input in &inputs {
-            let parts = input.split_rows(&counts).map_err(|e| BatchError::InvalidInput(e.to_string()))?;
-            for (piece, part) in split.iter_mut().zip(parts) {
-                piece.push(part);
-            }
-        }
-        Ok(split)
-    }
-
-    /// Checks a text request's sequences, each one piece; none may have more rows than a batch.
-    fn sequences(&self, sequences: Vec<Vec<Tensor>>) -> Result<Vec<Vec<Tensor>>, BatchError> {
-        if sequences.is_empty() {
-            return Err(BatchError::InvalidInput("the request has no sequences".into()));
-        }
-        let max = self.policy.max_batch_size;
-        for sequence in &sequences {
-            let rows = self.check(sequence)?;
-            if rows > max {
-                return Err(BatchError::InvalidInput(format!(
-                    "a sequence entry of {rows} rows is more than max_batch_size ({max})"
-                )));
-            }
-        }
-        Ok(sequences)
-    }
-
-    /// Checks what the batcher itself needs of a request to queue, split and join it; returns its rows (1 for a
-    /// model that does not batch). Data types and shapes are not checked against the model's specs again: the
-    /// caller has (the server's codec, while decoding), and what still does not fit the engine refuses.
-    fn check(&self, inputs: &[Tensor]) -> Result<usize, BatchError> {
-        let model = &self.model;
-        let specs = &model.metadata.inputs;
-        // Joining a batch indexes each request's inputs by position: a missing one would panic a worker thread.
-        if inputs.len() != specs.len() {
-            return Err(BatchError::InvalidInput(format!(
-                "model `{}` takes {} input(s), got {}",
-                model.name,
-                specs.len(),
-                inputs.len()
-            )));
-        }
-        if model.unbatched {
-            // The tensors run as sent: nothing is split or joined.
-            return Ok(1);
-        }
-        // Splitting and joining cut every input at the same rows.
-        let rows = inputs.first().map_or(0, Tensor::rows);
-        if let Some((spec, t)) = specs.iter().zip(inputs).find(|(_, t)| t.rows() != rows) {
-            return Err(BatchError::InvalidInput(format!(
-                "input `{}` has {} rows but the first input has {rows}: every input needs the same rows",
-                spec.name,
-                t.rows()
-            )));
-        }
-        if rows == 0 {
-            return Err(BatchError::InvalidInput("the request has no rows".into()));
-        }
-        if model.sequences {
-            // Joining pads every token input along dim 1 to the batch's longest, and the policy weighs a sequence
-            // by that length: one `[rows, seq]` form, with at least one token.
-            let seq = inputs.first().and_then(|t| t.shape().get(1)).copied().unwrap_or(0);
-            if seq == 0 || inputs.iter().any(|t| t.shape() != [rows, seq]) {
-                return Err(BatchError::InvalidInput(
-                    "a sequence needs at least one token, and every token input the same [rows, seq] shape".into(),
-                ));
-            }
-        }
-        Ok(rows)
     }
 
     /// Cuts batches from the queue for the idle workers, as the policy decides. The only place batches are cut;
@@ -337,6 +257,13 @@ impl Queue {
         (None, cut)
     }
 
+    /// Wakes `n` idle workers, one per batch cut for them.
+    fn wake_workers(&self, n: usize) {
+        for _ in 0..n {
+            self.work_ready.notify_one();
+        }
+    }
+
     /// Worker `worker` has finished its batch (or starts): waits for the next one, cutting it itself when it can.
     /// `None` once the queue is stopping and empty: the worker exits.
     pub(crate) fn next_batch(&self, worker: usize) -> Option<Vec<Pending>> {
@@ -364,9 +291,7 @@ impl Queue {
             }
             // This worker takes one of the batches; the others are for workers asleep. (A notification with no
             // one asleep is still a system call: none is made for the batch this worker takes itself.)
-            for _ in 1..cut {
-                self.work_ready.notify_one();
-            }
+            self.wake_workers(cut.saturating_sub(1));
             if !state.ready.is_empty() {
                 continue;
             }
@@ -392,9 +317,7 @@ impl Queue {
             let mut wake_at = state.queue.iter().chain(state.ready.iter().flatten()).filter_map(|p| p.deadline).min();
             // Trigger 3 of `cut`.
             let (wait, cut) = self.cut(&mut state, now);
-            for _ in 0..cut {
-                self.work_ready.notify_one();
-            }
+            self.wake_workers(cut);
             if let Some(t) = wait {
                 wake_at = Some(wake_at.map_or(t, |w| w.min(t)));
             }
@@ -459,15 +382,6 @@ impl Queue {
     pub(crate) fn longest_running(&self) -> Option<Duration> {
         self.lock().running.iter().flatten().min().map(Instant::elapsed)
     }
-}
-
-/// Splits `rows` into pieces of at most `max` rows.
-pub(crate) fn piece_rows(rows: usize, max: usize) -> Vec<usize> {
-    let mut counts = vec![max; rows / max];
-    if !rows.is_multiple_of(max) {
-        counts.push(rows % max);
-    }
-    counts
 }
 
 /// Removes the requests whose client went away, and answers those past their deadline.

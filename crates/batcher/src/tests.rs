@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use inferd_core::{BatchingConfig, DataType, Engine, ModelMetadata, Precision, Tensor, TensorSpec};
 use tokio::sync::{mpsc, watch};
 
-use crate::queue::piece_rows;
+use crate::admission::piece_rows;
 use crate::{BatchError, BatchObserver, Batcher, InferRequest, InferResponse};
 
 mod counts;
