@@ -65,6 +65,11 @@ pub trait Engine: Send {
         None
     }
 
+    /// Gives the device back what the engine's allocator keeps cached from finished batches (after a warm-up, the
+    /// largest batch's working memory), so that what a loaded model holds is its weights and what its runtime
+    /// needs, not its last peak. The loader calls it after each warm-up; a no-op where nothing is cached.
+    fn release_cached_memory(&mut self) {}
+
     /// Runs one batch. `inputs` follow `metadata().inputs` in order, share their row count along dim 0, and fit
     /// their specs; the result follows `metadata().outputs`, each with the same row count.
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>>;

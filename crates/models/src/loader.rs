@@ -116,6 +116,8 @@ pub fn load(
         if !warm_up(engine.as_mut(), config, &batching, instance)? {
             warmed = false;
         }
+        // The warm-up's largest batch proved it fits; its working memory goes back until batches need it again.
+        engine.release_cached_memory();
         engines.push(engine);
     }
     let Some(first) = engines.first() else { anyhow::bail!("model `{}` has no instance to run", config.name) };
@@ -162,7 +164,7 @@ fn warm_up(
 ) -> anyhow::Result<bool> {
     let meta = engine.metadata();
     // A text model warms with sequences of its longest length: on a GPU as many as its token budget takes, to
-    // claim the memory its largest batch needs; on the CPU one, which is all the allocator needs to see (a full
+    // prove that its largest batch fits (and pick its kernels) before it serves; on the CPU one, which is all the allocator needs to see (a full
     // budget there is seconds of arithmetic before the model is ready).
     let rows = match (&meta.text, batching.max_batch_size) {
         (Some(text), max) if meta.on_gpu() => {
