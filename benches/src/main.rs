@@ -143,6 +143,8 @@ fn main() -> anyhow::Result<()> {
             runtime.block_on(http(args))
         }
         Command::Engine(args) => {
+            // As the server sizes it (before any thread starts).
+            inferd_models::budget::set_cublas_workspace(inferd_models::budget::DEFAULT_CUBLAS_WORKSPACE_MIB);
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let run = engine::EngineRun {
                 model_dir: &args.model_dir,

@@ -7,6 +7,35 @@ use std::sync::Arc;
 
 use inferd_core::{Backend, DeviceSpec, ModelConfig};
 
+/// The variable cuBLAS reads, as it makes a handle, for the size of that handle's workspace.
+pub const CUBLAS_WORKSPACE_VARIABLE: &str = "CUBLAS_WORKSPACE_CONFIG";
+
+/// MiB of workspace per cuBLAS handle unless the operator says otherwise. Each candle model instance on a GPU
+/// holds a handle (ONNX Runtime's CUDA provider one per session), and cuBLAS 13 gives each 64 MiB on an H100:
+/// 64 MiB of GPU memory for a model of 38 KB. MiniLM ran as fast with 8 MiB and with none (benches/README.md, "A
+/// model's GPU memory").
+pub const DEFAULT_CUBLAS_WORKSPACE_MIB: u64 = 8;
+
+/// The `CUBLAS_WORKSPACE_CONFIG` value for `mib` of workspace per handle: 4 MiB buffers, rounded up; none for 0.
+pub fn cublas_workspace_config(mib: u64) -> String {
+    match mib {
+        0 => ":0:0".to_owned(),
+        n => format!(":4096:{}", n.div_ceil(4)),
+    }
+}
+
+/// Sizes every cuBLAS handle's workspace through `CUBLAS_WORKSPACE_CONFIG`, unless that is set already (the
+/// operator's own value wins). Call before any other thread starts: the environment is the process's. Returns the
+/// value in force.
+pub fn set_cublas_workspace(mib: u64) -> String {
+    if let Ok(set) = std::env::var(CUBLAS_WORKSPACE_VARIABLE) {
+        return set;
+    }
+    let value = cublas_workspace_config(mib);
+    std::env::set_var(CUBLAS_WORKSPACE_VARIABLE, &value);
+    value
+}
+
 /// A GPU's memory as the server's probe reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceMemory {
@@ -164,6 +193,15 @@ pub(crate) fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cublas_workspace_is_whole_4_mib_buffers() {
+        assert_eq!(cublas_workspace_config(0), ":0:0");
+        assert_eq!(cublas_workspace_config(1), ":4096:1");
+        assert_eq!(cublas_workspace_config(8), ":4096:2");
+        assert_eq!(cublas_workspace_config(9), ":4096:3");
+        assert_eq!(cublas_workspace_config(64), ":4096:16");
+    }
 
     #[test]
     fn meminfo_and_cgroup_files_are_read() {

@@ -139,6 +139,12 @@ pub struct ServeConfig {
     #[arg(long, env = "INFERD_MAX_BODY_BYTES", default_value_t = 32 * 1024 * 1024)]
     pub max_body_bytes: usize,
 
+    /// MiB of workspace each cuBLAS handle gets on a GPU: each candle model instance holds one, ONNX Runtime's CUDA
+    /// provider one per session (cuBLAS's own default is 64 MiB a handle on an H100). Rounded up to 4 MiB; 0 for
+    /// none. Where CUBLAS_WORKSPACE_CONFIG is set, that wins.
+    #[arg(long, env = "INFERD_CUBLAS_WORKSPACE_MIB", default_value_t = inferd_models::budget::DEFAULT_CUBLAS_WORKSPACE_MIB)]
+    pub cublas_workspace_mib: u64,
+
     /// How often the GPU snapshot behind /health is refreshed, in milliseconds.
     #[arg(long, env = "INFERD_GPU_REFRESH_MS", default_value_t = 5000)]
     pub gpu_refresh_ms: u64,
