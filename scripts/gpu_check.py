@@ -375,9 +375,9 @@ def check_outputs(table, server, pixels, gpu_models, cpu_model, kind):
                       f"lowest cosine {worst:.6f} over {len(got)} texts (at least {floor})")
 
 
-def engine_bench(table, plan, bundle, repo, model, env, results):
+def engine_bench(table, plan, bundle, repo, model, env, results, variant=""):
     """(c): `inferd-bench engine` at each batch size; returns {batch: rows/s}."""
-    name = f"engine-{model}"
+    name = f"engine-{model}" + (f"-{variant.split()[0]}" if variant else "")
     warmup, duration = plan.engine_seconds
     status, out = run([os.path.join(bundle, "bin", "inferd-bench"), "engine", "--model-dir",
                        os.path.join(repo, model), "--batch-sizes", plan.engine_batches, "--warmup", warmup,
@@ -389,7 +389,7 @@ def engine_bench(table, plan, bundle, repo, model, env, results):
     except (OSError, ValueError, KeyError):
         rates = {}
     ok = status == 0 and len(rates) == len(plan.engine_batches.split(","))
-    table.add("engine rows/s", model, ok, ", ".join(f"b{b}: {r:,.0f}" for b, r in sorted(rates.items()))
+    table.add("engine rows/s", f"{model} {variant}".strip(), ok, ", ".join(f"b{b}: {r:,.0f}" for b, r in sorted(rates.items()))
               if ok else out.strip().splitlines()[-1:] or "no output")
     return rates
 
@@ -565,6 +565,16 @@ def check(table, plan, bundle, results):
     for name in served:
         if not name.startswith("digits-onnx"):
             rates[name] = engine_bench(table, plan, bundle, repo, name, env, results)
+    # inferd gives each cuBLAS handle 8 MiB of workspace where cuBLAS would give 64 (one handle per candle model
+    # instance): the same engines with cuBLAS's own size, to check that the memory saved costs no speed.
+    for name in ("digits-gpu-fp32", "minilm-gpu-fp16"):
+        if rates.get(name):
+            wide = engine_bench(table, plan, bundle, repo, name, dict(env, CUBLAS_WORKSPACE_CONFIG=":4096:16"),
+                                results, "cublas-64MiB workspace")
+            top = max(rates[name])
+            if wide.get(top):
+                table.add("cublas workspace", name, FIGURE, f"at batch {top}: 8 MiB gives "
+                          f"{rates[name][top] / wide[top]:.2f}x the rows/s of 64 MiB")
     # What the GPU and its lower precisions buy: each GPU variant against the CPU and against the GPU in FP32.
     for family in ("digits", "minilm"):
         cpu, fp32 = rates.get(f"{family}-cpu"), rates.get(f"{family}-gpu-fp32")

@@ -99,6 +99,32 @@ fn a_wide_network_on_the_gpu_agrees_with_f64() {
     wide_network_agrees_with_f64(DeviceSpec::Cuda(0), "cuda:0");
 }
 
+#[test]
+fn a_large_batch_leaves_no_gpu_memory_behind_once_released() {
+    gpu_count();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A hidden layer of 4096 FP32: a batch of 16,384 rows holds 256 MiB in it, 512 MiB with its activation.
+    let (_, c) = write_sparse_mlp(dir.path(), 4096);
+    let mut engine = CandleEngine::load(&c, Precision::Fp32).expect("loads");
+    let device = Device::new_cuda(0).expect("GPU 0");
+    engine.release_cached_memory();
+    let (idle, _) = memory(&device);
+    let rows = 16_384;
+    let input = Tensor::from_slice(vec![rows, 64], &vec![1f32; rows * 64]).expect("valid");
+    let out = engine.run(&[input]).expect("runs");
+    assert_eq!(out[0].shape(), [rows, 10]);
+    let (held, _) = memory(&device);
+    engine.release_cached_memory();
+    let (after, _) = memory(&device);
+    eprintln!(
+        "a batch of {rows} rows: {} MiB held after it, {} MiB once released",
+        (idle.saturating_sub(held)) >> 20,
+        (idle.saturating_sub(after)) >> 20
+    );
+    // CUDA's memory pool keeps a freed tensor's memory until a later synchronisation; released, it is the GPU's.
+    assert!(idle.saturating_sub(after) < 32 << 20, "{} MiB stayed after the release", idle.saturating_sub(after) >> 20);
+}
+
 /// An mlp `[64, hidden, 10]` whose weights file declares its tensors but is sparse: it takes no disk, reads as
 /// zeros, and is as large on the GPU as a real one.
 fn write_sparse_mlp(dir: &Path, hidden: usize) -> (std::path::PathBuf, ModelConfig) {
