@@ -428,6 +428,15 @@ impl Engine for CandleEngine {
     }
 }
 
+impl Drop for CandleEngine {
+    /// On a GPU the weights' memory would stay in CUDA's memory pool, counted as this process's, until some later
+    /// batch of another model synchronises: an unloaded model gives it back at once.
+    fn drop(&mut self) {
+        self.model = Architecture::Mlp(Mlp { layers: Vec::new() });
+        release_pooled(&self.device);
+    }
+}
+
 impl CandleEngine {
     /// A bert model's token inputs on its device, the ids checked against its vocabularies.
     fn token_inputs(&self, bert: &Bert, inputs: &[Tensor]) -> Result<[candle_core::Tensor; 3]> {

@@ -125,6 +125,21 @@ fn a_large_batch_leaves_no_gpu_memory_behind_once_released() {
     assert!(idle.saturating_sub(after) < 32 << 20, "{} MiB stayed after the release", idle.saturating_sub(after) >> 20);
 }
 
+#[test]
+fn an_unloaded_model_gives_its_gpu_memory_back() {
+    gpu_count();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // 512 MiB of weights.
+    let (_, c) = write_sparse_mlp(dir.path(), (512 << 20) / (4 * (64 + 1 + 10)));
+    let device = Device::new_cuda(0).expect("GPU 0");
+    let engine = CandleEngine::load(&c, Precision::Fp32).expect("loads");
+    let (loaded, _) = memory(&device);
+    drop(engine);
+    let (unloaded, _) = memory(&device);
+    let back = unloaded.saturating_sub(loaded);
+    assert!(back >= 480 << 20, "{} MiB came back of 512 MiB of weights", back >> 20);
+}
+
 /// An mlp `[64, hidden, 10]` whose weights file declares its tensors but is sparse: it takes no disk, reads as
 /// zeros, and is as large on the GPU as a real one.
 fn write_sparse_mlp(dir: &Path, hidden: usize) -> (std::path::PathBuf, ModelConfig) {
