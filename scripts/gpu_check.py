@@ -236,6 +236,8 @@ class Server:
                "--port", str(self.port), "--gpu-refresh-ms", "500", "--max-rows", "4096"]
         if onnxruntime_lib:
             cmd += ["--onnxruntime-lib", onnxruntime_lib]
+        # candle's debug lines say where the GPU's memory went at each step of a load (server.log).
+        env = dict(env, INFERD_LOG=env.get("INFERD_LOG", "info,ort=warn,inferd_candle=debug"))
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
     def wait_loaded(self, timeout):
