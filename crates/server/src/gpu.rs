@@ -100,14 +100,42 @@ pub fn system_probe() -> Arc<dyn GpuProbe> {
     }
 }
 
-/// Reads one GPU's memory through `probe`, for the models' load-time budget.
-pub fn memory_reader(probe: &Arc<dyn GpuProbe>) -> inferd_models::GpuMemoryReader {
+/// Reads the memory of the GPU a model's `cuda:N` names, through `probe`, for the models' load-time budget.
+/// `cuda_visible_devices` is the process's `CUDA_VISIBLE_DEVICES`, which renumbers the GPUs CUDA sees.
+pub fn memory_reader(
+    probe: &Arc<dyn GpuProbe>,
+    cuda_visible_devices: Option<String>,
+) -> inferd_models::GpuMemoryReader {
     let probe = Arc::clone(probe);
-    Arc::new(move |index| {
+    Arc::new(move |ordinal| {
         let gpus = probe.gpus().ok()?;
-        let gpu = gpus.into_iter().find(|g| g.index as usize == index)?;
+        let gpu = cuda_device(&gpus, cuda_visible_devices.as_deref(), ordinal)?;
         Some(inferd_models::DeviceMemory { free: gpu.memory_free_bytes, total: gpu.memory_total_bytes })
     })
+}
+
+/// The GPU that CUDA calls device `ordinal`, among `gpus` as NVML lists them. NVML numbers every GPU of the
+/// machine; CUDA only those `CUDA_VISIBLE_DEVICES` names, in its order: by NVML index (CUDA's own order, which is
+/// NVML's where the GPUs are alike) or by UUID or a unique prefix of one. As CUDA does, the list ends at the first
+/// entry that names no GPU; a MIG instance (`MIG-…`) is not one NVML's GPU list can answer for, so it ends there too.
+fn cuda_device<'a>(gpus: &'a [GpuInfo], visible: Option<&str>, ordinal: usize) -> Option<&'a GpuInfo> {
+    let Some(visible) = visible else {
+        return gpus.iter().find(|g| g.index as usize == ordinal);
+    };
+    let named = |entry: &str| -> Option<&'a GpuInfo> {
+        if let Ok(index) = entry.parse::<u32>() {
+            return gpus.iter().find(|g| g.index == index);
+        }
+        if !entry.starts_with("GPU-") {
+            return None;
+        }
+        let mut matches = gpus.iter().filter(|g| g.uuid.starts_with(entry));
+        match (matches.next(), matches.next()) {
+            (Some(gpu), None) => Some(gpu),
+            _ => None,
+        }
+    };
+    visible.split(',').map(str::trim).map_while(named).nth(ordinal)
 }
 
 /// The latest GPU facts, shared by /health (readers) and the refresh task (the only writer).
@@ -149,5 +177,51 @@ impl GpuMonitor {
             ticks.tick().await;
             self.refresh().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(index: u32, uuid: &str, free: u64) -> GpuInfo {
+        GpuInfo {
+            index,
+            name: "NVIDIA H100 80GB HBM3".into(),
+            uuid: uuid.into(),
+            memory_total_bytes: 80 << 30,
+            memory_used_bytes: (80 << 30) - free,
+            memory_free_bytes: free,
+            utilization_percent: None,
+            temperature_celsius: None,
+            compute_capability: Some("9.0".into()),
+            driver_version: None,
+        }
+    }
+
+    #[test]
+    fn cuda_ordinals_follow_cuda_visible_devices() {
+        let gpus = [gpu(0, "GPU-aaa-0", 10), gpu(1, "GPU-abb-1", 11), gpu(2, "GPU-ccc-2", 12)];
+        let free = |visible: Option<&str>, ordinal| cuda_device(&gpus, visible, ordinal).map(|g| g.memory_free_bytes);
+        // Unset: CUDA sees every GPU, in NVML's order.
+        assert_eq!([free(None, 0), free(None, 2), free(None, 3)], [Some(10), Some(12), None]);
+        // An allocation of GPUs 2 and 0 (as Slurm sets it, or a shared host): cuda:0 is GPU 2.
+        assert_eq!([free(Some("2,0"), 0), free(Some("2, 0"), 1), free(Some("2,0"), 2)], [Some(12), Some(10), None]);
+        // By UUID, whole or a unique prefix; an ambiguous prefix names no GPU.
+        assert_eq!([free(Some("GPU-ccc-2,GPU-abb"), 0), free(Some("GPU-ccc-2,GPU-abb"), 1)], [Some(12), Some(11)]);
+        assert_eq!(free(Some("GPU-a"), 0), None, "GPU-a could be either of two");
+        // The list ends at the first entry that names no GPU, as CUDA's does.
+        assert_eq!([free(Some("1,7,2"), 0), free(Some("1,7,2"), 1)], [Some(11), None]);
+        assert_eq!(free(Some(""), 0), None, "an empty list hides every GPU");
+        assert_eq!(free(Some("MIG-4b0b3f1e"), 0), None);
+    }
+
+    #[test]
+    fn the_budget_reads_the_gpu_cuda_uses() {
+        let probe: Arc<dyn GpuProbe> = Arc::new(FakeGpuProbe(vec![gpu(0, "GPU-aaa", 10), gpu(1, "GPU-bbb", 11)]));
+        let read = memory_reader(&probe, Some("1".into()));
+        assert_eq!(read(0), Some(inferd_models::DeviceMemory { free: 11, total: 80 << 30 }));
+        assert_eq!(read(1), None);
+        assert_eq!(memory_reader(&probe, None)(1).map(|m| m.free), Some(11));
     }
 }

@@ -105,7 +105,11 @@ impl Server {
             &repository,
         )?;
         let probe = self.gpu_probe.unwrap_or_else(gpu::system_probe);
-        let settings = engine_settings(&config, self.engine_builder, gpu::memory_reader(&probe));
+        let settings = engine_settings(
+            &config,
+            self.engine_builder,
+            gpu::memory_reader(&probe, std::env::var("CUDA_VISIBLE_DEVICES").ok()),
+        );
         let gpu = GpuMonitor::new(probe);
         gpu.refresh().await;
         let count = configs.len();
