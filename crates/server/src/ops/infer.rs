@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, HeaderValue};
-use inferd_batcher::Inputs;
+use inferd_batcher::{BatchError, Inputs};
 use inferd_core::{ModelMetadata, Tensor, TensorSpec};
 use inferd_models::{Answer, Input, LoadedModel, Request, TaskError};
 
@@ -87,14 +87,20 @@ pub async fn infer(
     let allow_non_finite = state.allow_non_finite();
     let large = matches!(&request.input, Input::Tensors(t) if tensor_bytes(t.iter()) > INLINE_WORK_BYTES);
     let task = model.task.clone();
+    let deadline = request.deadline;
     let prepared = off_runtime_if(large || task.prepare_is_heavy(), move || {
+        // Under load, heavy work waits for a turn: a request whose deadline passed meanwhile is answered as the
+        // queue would answer it, without the work (tokenizing, decoding pictures) that nobody would use.
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(AppError::from(BatchError::DeadlineExceeded));
+        }
         if let (false, Input::Tensors(inputs)) = (allow_non_finite, &request.input) {
             refuse_non_finite(inputs, &task.metadata().inputs, "input").map_err(TaskError::Invalid)?;
         }
-        task.prepare(request, max_rows)
+        Ok(task.prepare(request, max_rows)?)
     })
     .await?
-    .map_err(|e| AppError::from(e).in_model(model.name()))?;
+    .map_err(|e| e.in_model(model.name()))?;
     for &(stage, took) in &prepared.stages {
         state.metrics().prepare_stage(model.name(), stage, took);
     }

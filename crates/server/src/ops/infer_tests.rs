@@ -55,6 +55,21 @@ async fn non_finite_inputs_and_the_wrong_form_are_the_clients_fault_naming_the_m
 }
 
 #[tokio::test]
+async fn a_request_past_its_deadline_before_its_preparation_is_answered_without_it() {
+    let (_repo, state, model) = setup(&[]);
+    let hold = state.budget().hold();
+    let past = std::time::Instant::now().checked_sub(std::time::Duration::from_millis(1));
+    // Its NaN would be refused by the preparation: the deadline answers first, and the preparation never runs.
+    let error = infer(&state, &model, rows(&[1.0, f32::NAN]).with_deadline(past), &hold).await.expect_err("late");
+    assert_eq!(error.kind, ErrorKind::DeadlineExceeded, "{}", error.message);
+    assert_eq!(error.message, "model `echo`: the request waited in the queue past its deadline");
+    assert_eq!(state.budget().held_bytes(), 0, "a late request holds nothing");
+    let later = deadline_in(std::time::Duration::from_secs(60));
+    let served = infer(&state, &model, rows(&[1.0, 2.0]).with_deadline(later), &hold).await.expect("in time");
+    assert_eq!(served.answer.tensors[0].to_vec::<f32>().expect("values"), [1.0, 2.0]);
+}
+
+#[tokio::test]
 async fn decoded_tensors_past_the_in_flight_budget_are_refused_before_they_queue() {
     let (_repo, state, model) = setup(&["--max-inflight-bytes", "2048"]);
     let hold = state.budget().hold();
