@@ -41,6 +41,15 @@ pub(crate) struct NodeProto {
     pub(crate) domain: String,
 }
 
+/// The fields of an `AttributeProto` read here: a `Constant` node's tensor (`value`).
+#[derive(Clone, PartialEq, Message)]
+struct AttributeProto {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(message, optional, tag = "5")]
+    t: Option<TensorProto>,
+}
+
 /// The fields of a `TensorProto` read here; its data is skipped.
 #[derive(Clone, PartialEq, Message)]
 pub(crate) struct TensorProto {
@@ -83,15 +92,33 @@ fn summarise(graph: &GraphProto) -> Stored {
     let cast: HashSet<&str> =
         graph.node.iter().filter(|n| n.op_type == "Cast").filter_map(|n| n.input.first()).map(String::as_str).collect();
     let mut stored = Stored::default();
-    for tensor in &graph.initializer {
+    let mut count = |tensor: &TensorProto, name: &str| {
         let elements = tensor.dims.iter().try_fold(1u64, |n, &d| n.checked_mul(u64::try_from(d).ok()?));
         let bytes = elements.unwrap_or(0).saturating_mul(element_bits(tensor.data_type)) / 8;
         stored.weight_bytes = stored.weight_bytes.saturating_add(bytes);
-        if NARROW_TYPES.contains(&tensor.data_type) && cast.contains(tensor.name.as_str()) {
+        if NARROW_TYPES.contains(&tensor.data_type) && cast.contains(name) {
             stored.widened_bytes = stored.widened_bytes.saturating_add(bytes);
         }
+    };
+    for tensor in &graph.initializer {
+        count(tensor, &tensor.name);
+    }
+    // Some exporters store weights as `Constant` nodes rather than initializers: the same bytes once loaded.
+    for constant in graph.node.iter().filter(|n| n.op_type == "Constant" && matches!(n.domain.as_str(), "" | "ai.onnx"))
+    {
+        let (Some(output), Some(tensor)) = (constant.output.first(), constant_value(constant)) else { continue };
+        count(&tensor, output);
     }
     stored
+}
+
+/// A `Constant` node's tensor: its `value` attribute (the other forms hold a few scalars or lists, not weights).
+fn constant_value(node: &NodeProto) -> Option<TensorProto> {
+    node.attribute
+        .iter()
+        .filter_map(|bytes| AttributeProto::decode(bytes.as_slice()).ok())
+        .find(|a| a.name == "value")
+        .and_then(|a| a.t)
 }
 
 /// Bits per element of an ONNX data type (strings and unknown types: none counted).
@@ -126,6 +153,27 @@ mod tests {
             initializer: vec![tensor("w8", 3, &[1000, 10]), tensor("w32", 1, &[10, 10]), tensor("q8", 3, &[7])],
         };
         assert_eq!(summarise(&graph), Stored { weight_bytes: 10_000 + 400 + 7, widened_bytes: 10_000 });
+    }
+
+    #[test]
+    fn weights_in_constant_nodes_count_as_initializers_do() {
+        let constant = |output: &str, tensor: TensorProto| NodeProto {
+            output: vec![output.into()],
+            op_type: "Constant".into(),
+            attribute: vec![AttributeProto { name: "value".into(), t: Some(tensor) }.encode_to_vec()],
+            ..NodeProto::default()
+        };
+        let graph = GraphProto {
+            node: vec![
+                constant("w8", tensor("", 3, &[1000, 10])),
+                node("Cast", &["w8"]),
+                constant("w32", tensor("", 1, &[10, 10])),
+                NodeProto { attribute: vec![vec![0xff, 0xff]], ..constant("junk", tensor("", 1, &[10])) },
+            ],
+            initializer: vec![tensor("b", 1, &[10])],
+        };
+        // The node whose attributes are not an AttributeProto counts as nothing.
+        assert_eq!(summarise(&graph), Stored { weight_bytes: 10_000 + 400 + 40, widened_bytes: 10_000 });
     }
 
     #[test]
