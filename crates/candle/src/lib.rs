@@ -144,13 +144,22 @@ fn gpu_free(device: &Device) -> Option<memory::GpuMemory> {
 
 /// candle allocates with `cuMemAllocAsync`: a freed tensor's memory goes back to the device's memory pool once
 /// its stream reaches the free, and the pool returns it to the driver only at a later synchronisation, so until
-/// then the driver counts it as used, by this process, for ever if no batch follows. Waits for the context's
-/// streams, then trims the pool to what live tensors hold. For load time only: a batch allocates from the pool.
+/// then the driver counts it as used, by this process, for ever if no batch follows. Waits for every stream of the
+/// context (every model's batches on this GPU: a pause of one batch at most), then trims the device's pool, which
+/// every candle model on the GPU shares, to what live tensors hold; the others' next batches take their working
+/// memory back from the driver. At a model's load, after its warm-up, and when it drops: never per batch.
 #[cfg(feature = "cuda")]
 fn release_pooled(device: &Device) {
     use candle_core::cuda_backend::cudarc::driver::result;
     let Ok(cuda) = device.as_cuda_device() else { return };
     let context = cuda.cuda_stream().context().clone();
+    // A failed free is only recorded, and reading memory clears the record: report it first.
+    if let Err(e) = context.check_err() {
+        tracing::warn!(device = %device_name(device), error = %e, "an earlier CUDA call on this GPU failed");
+    }
+    if !context.has_async_alloc() {
+        return; // without memory pools a free goes straight back to the driver
+    }
     let before = gpu_free(device);
     // SAFETY: the pool is the device's own (cuDeviceGetMemPool), valid while the context lives; trimming releases
     // only memory that no allocation holds.
@@ -172,6 +181,19 @@ fn release_pooled(device: &Device) {
 
 #[cfg(not(feature = "cuda"))]
 fn release_pooled(_device: &Device) {}
+
+/// Makes the GPU's context current on this thread (a no-op on the CPU).
+#[cfg(feature = "cuda")]
+fn bind_context(device: &Device) {
+    if let Ok(cuda) = device.as_cuda_device() {
+        if let Err(e) = cuda.cuda_stream().context().bind_to_thread() {
+            tracing::warn!(device = %device_name(device), error = %e, "cannot make the GPU's context current");
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn bind_context(_device: &Device) {}
 
 /// Logs what the GPU has free at a step of a model's load: where its memory goes (context, libraries, weights).
 fn log_gpu_free(device: &Device, model: &str, step: &str) {
@@ -432,6 +454,9 @@ impl Drop for CandleEngine {
     /// On a GPU the weights' memory would stay in CUDA's memory pool, counted as this process's, until some later
     /// batch of another model synchronises: an unloaded model gives it back at once.
     fn drop(&mut self) {
+        // The thread that drops an engine may never have run a batch: without the GPU's context current there,
+        // freeing a tensor would fail, unseen.
+        bind_context(&self.device);
         self.model = Architecture::Mlp(Mlp { layers: Vec::new() });
         release_pooled(&self.device);
     }

@@ -65,9 +65,10 @@ pub trait Engine: Send {
         None
     }
 
-    /// Gives the device back what the engine's allocator keeps cached from finished batches (after a warm-up, the
-    /// largest batch's working memory), so that what a loaded model holds is its weights and what its runtime
-    /// needs, not its last peak. The loader calls it after each warm-up; a no-op where nothing is cached.
+    /// Gives the device back what its allocator keeps cached from finished batches (after a warm-up, the largest
+    /// batch's working memory; on a GPU, the cache every model there shares), so that what a loaded model holds is
+    /// its weights and what its runtime needs, not its last peak. The loader calls it after each warm-up; a no-op
+    /// where nothing is cached.
     fn release_cached_memory(&mut self) {}
 
     /// Runs one batch. `inputs` follow `metadata().inputs` in order, share their row count along dim 0, and fit
