@@ -28,8 +28,8 @@ pub fn cublas_workspace_config(mib: u64) -> String {
 /// operator's own value wins). Call before any other thread starts: the environment is the process's. Returns the
 /// value in force.
 pub fn set_cublas_workspace(mib: u64) -> String {
-    if let Ok(set) = std::env::var(CUBLAS_WORKSPACE_VARIABLE) {
-        return set;
+    if let Some(set) = std::env::var_os(CUBLAS_WORKSPACE_VARIABLE) {
+        return set.to_string_lossy().into_owned();
     }
     let value = cublas_workspace_config(mib);
     std::env::set_var(CUBLAS_WORKSPACE_VARIABLE, &value);
@@ -141,14 +141,16 @@ impl Need {
 /// Where the model's memory comes from, judged before it loads: the GPU it names, or GPU 0 for `auto` where the
 /// probe sees one; else the host. Candle checks its own GPU weights exactly when it loads (`inferd-candle`).
 pub(crate) fn place(config: &ModelConfig, gpu: Option<&GpuMemoryReader>) -> (Place, Option<DeviceMemory>) {
-    let index = match config.device {
-        DeviceSpec::Cpu => None,
-        DeviceSpec::Cuda(n) => Some(n),
-        DeviceSpec::Auto => Some(0),
-    };
-    match index.and_then(|n| Some((n, gpu?(n)?))) {
-        Some((n, memory)) => (Place::Gpu(n), Some(memory)),
-        None => (Place::Host, None),
+    let read = |n: usize| gpu.and_then(|read| read(n));
+    match config.device {
+        DeviceSpec::Cpu => (Place::Host, None),
+        // A GPU model whose GPU cannot be read (no NVML, a MIG instance) is not checked, never checked against the
+        // host's memory.
+        DeviceSpec::Cuda(n) => (Place::Gpu(n), read(n)),
+        DeviceSpec::Auto => match read(0) {
+            Some(memory) => (Place::Gpu(0), Some(memory)),
+            None => (Place::Host, None),
+        },
     }
 }
 
