@@ -116,8 +116,9 @@ pub fn memory_reader(
 
 /// The GPU that CUDA calls device `ordinal`, among `gpus` as NVML lists them. NVML numbers every GPU of the
 /// machine; CUDA only those `CUDA_VISIBLE_DEVICES` names, in its order: by NVML index (CUDA's own order, which is
-/// NVML's where the GPUs are alike) or by UUID or a unique prefix of one. As CUDA does, the list ends at the first
-/// entry that names no GPU; a MIG instance (`MIG-…`) is not one NVML's GPU list can answer for, so it ends there too.
+/// NVML's where the GPUs are alike; `CUDA_DEVICE_ORDER=FASTEST_FIRST`, the default, may differ on a machine of mixed
+/// GPUs) or by UUID or a unique prefix of one. As CUDA does, the list ends at the first entry that names no GPU, or
+/// one named before; a MIG instance (`MIG-…`) is not one NVML's GPU list can answer for, so it ends there too.
 fn cuda_device<'a>(gpus: &'a [GpuInfo], visible: Option<&str>, ordinal: usize) -> Option<&'a GpuInfo> {
     let Some(visible) = visible else {
         return gpus.iter().find(|g| g.index as usize == ordinal);
@@ -135,7 +136,12 @@ fn cuda_device<'a>(gpus: &'a [GpuInfo], visible: Option<&str>, ordinal: usize) -
             _ => None,
         }
     };
-    visible.split(',').map(str::trim).map_while(named).nth(ordinal)
+    let mut seen = Vec::new();
+    visible
+        .split(',')
+        .map(str::trim)
+        .map_while(|entry| named(entry).filter(|gpu| !seen.contains(&gpu.index)).inspect(|gpu| seen.push(gpu.index)))
+        .nth(ordinal)
 }
 
 /// The latest GPU facts, shared by /health (readers) and the refresh task (the only writer).
@@ -213,6 +219,7 @@ mod tests {
         // The list ends at the first entry that names no GPU, as CUDA's does.
         assert_eq!([free(Some("1,7,2"), 0), free(Some("1,7,2"), 1)], [Some(11), None]);
         assert_eq!(free(Some(""), 0), None, "an empty list hides every GPU");
+        assert_eq!([free(Some("0,0,1"), 0), free(Some("0,0,1"), 1)], [Some(10), None], "a GPU named twice ends it");
         assert_eq!(free(Some("MIG-4b0b3f1e"), 0), None);
     }
 
