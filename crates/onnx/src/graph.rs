@@ -1,9 +1,9 @@
-//! What an ONNX file's graph stores, read without ONNX Runtime: its initializers' bytes (what a loaded model
-//! keeps resident), and whether it stores weights narrower than it computes with them (int8 or fp16 weights
-//! widened by a `Cast` at run time). Constant folding would widen such weights once at load and keep the wide copy:
-//! MiniLM's int8 export (22 MB of int8 weights, a `Cast` and a `Mul` before each use) became 90 MB of fp32 in
-//! memory. The file is decoded with only the fields read here declared; the rest, the weights' own bytes among
-//! them, are skipped without a copy.
+//! What an ONNX file's graph stores, read without ONNX Runtime: its initializers' and `Constant` nodes' bytes
+//! (what a loaded model keeps resident), and whether it stores weights narrower than it computes with them (int8
+//! or fp16 weights widened by a `Cast` at run time). Constant folding would widen such weights once at load and
+//! keep the wide copy: MiniLM's int8 export (22 MB of int8 weights, a `Cast` and a `Mul` before each use) became
+//! 90 MB of fp32 in memory. The file is decoded with only the fields read here declared; the rest, the weights' own
+//! bytes among them, are skipped without a copy.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -71,7 +71,7 @@ const NARROW_TYPES: [i32; 6] =
 /// What a graph stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Stored {
-    /// Bytes of its initializers as stored (the file's weights, in or beside it).
+    /// Bytes of its initializers and `Constant` nodes as stored (the file's weights, in or beside it).
     pub(crate) weight_bytes: u64,
     /// Bytes of narrow initializers that a `Cast` widens: what constant folding would widen once and keep.
     pub(crate) widened_bytes: u64,
@@ -92,24 +92,28 @@ fn summarise(graph: &GraphProto) -> Stored {
     let cast: HashSet<&str> =
         graph.node.iter().filter(|n| n.op_type == "Cast").filter_map(|n| n.input.first()).map(String::as_str).collect();
     let mut stored = Stored::default();
-    let mut count = |tensor: &TensorProto, name: &str| {
-        let elements = tensor.dims.iter().try_fold(1u64, |n, &d| n.checked_mul(u64::try_from(d).ok()?));
-        let bytes = elements.unwrap_or(0).saturating_mul(element_bits(tensor.data_type)) / 8;
+    for tensor in &graph.initializer {
+        let bytes = tensor_bytes(tensor);
         stored.weight_bytes = stored.weight_bytes.saturating_add(bytes);
-        if NARROW_TYPES.contains(&tensor.data_type) && cast.contains(name) {
+        if NARROW_TYPES.contains(&tensor.data_type) && cast.contains(tensor.name.as_str()) {
             stored.widened_bytes = stored.widened_bytes.saturating_add(bytes);
         }
-    };
-    for tensor in &graph.initializer {
-        count(tensor, &tensor.name);
     }
-    // Some exporters store weights as `Constant` nodes rather than initializers: the same bytes once loaded.
-    for constant in graph.node.iter().filter(|n| n.op_type == "Constant" && matches!(n.domain.as_str(), "" | "ai.onnx"))
-    {
-        let (Some(output), Some(tensor)) = (constant.output.first(), constant_value(constant)) else { continue };
-        count(&tensor, output);
+    // Some exporters store weights as `Constant` nodes rather than initializers: the same bytes once loaded. Not
+    // counted as widened: a small narrow constant before a `Cast` is common in mixed-precision graphs, and turning
+    // constant folding off for it would buy nothing ([`crate::late`] rewrites initializers only).
+    let constants =
+        graph.node.iter().filter(|n| n.op_type == "Constant" && matches!(n.domain.as_str(), "" | "ai.onnx"));
+    for tensor in constants.filter_map(constant_value) {
+        stored.weight_bytes = stored.weight_bytes.saturating_add(tensor_bytes(&tensor));
     }
     stored
+}
+
+/// Bytes of a tensor's data as its shape and type say (nothing for a negative or overflowing shape).
+fn tensor_bytes(tensor: &TensorProto) -> u64 {
+    let elements = tensor.dims.iter().try_fold(1u64, |n, &d| n.checked_mul(u64::try_from(d).ok()?));
+    elements.unwrap_or(0).saturating_mul(element_bits(tensor.data_type)) / 8
 }
 
 /// A `Constant` node's tensor: its `value` attribute (the other forms hold a few scalars or lists, not weights).
@@ -172,8 +176,9 @@ mod tests {
             ],
             initializer: vec![tensor("b", 1, &[10])],
         };
-        // The node whose attributes are not an AttributeProto counts as nothing.
-        assert_eq!(summarise(&graph), Stored { weight_bytes: 10_000 + 400 + 40, widened_bytes: 10_000 });
+        // The node whose attributes are not an AttributeProto counts as nothing; a Constant is never counted as
+        // widened, whatever reads it.
+        assert_eq!(summarise(&graph), Stored { weight_bytes: 10_000 + 400 + 40, widened_bytes: 0 });
     }
 
     #[test]
