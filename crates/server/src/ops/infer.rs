@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, HeaderValue};
-use inferd_batcher::{BatchError, Inputs};
+use inferd_batcher::Inputs;
 use inferd_core::{ModelMetadata, Tensor, TensorSpec};
 use inferd_models::{Answer, Input, LoadedModel, Request, TaskError};
 
 use crate::budget::Hold;
 use crate::codec::{quoted, CodecError};
-use crate::error::AppError;
+use crate::error::{AppError, ErrorKind};
 use crate::state::AppState;
 
 /// Bodies, tensors and answers above this size are decoded, checked and encoded on the blocking pool rather than
@@ -92,7 +92,10 @@ pub async fn infer(
         // Under load, heavy work waits for a turn: a request whose deadline passed meanwhile is answered as the
         // queue would answer it, without the work (tokenizing, decoding pictures) that nobody would use.
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(AppError::from(BatchError::DeadlineExceeded));
+            return Err(AppError::new(
+                ErrorKind::DeadlineExceeded,
+                "the request waited for a core to prepare it past its deadline",
+            ));
         }
         if let (false, Input::Tensors(inputs)) = (allow_non_finite, &request.input) {
             refuse_non_finite(inputs, &task.metadata().inputs, "input").map_err(TaskError::Invalid)?;

@@ -62,7 +62,7 @@ async fn a_request_past_its_deadline_before_its_preparation_is_answered_without_
     // Its NaN would be refused by the preparation: the deadline answers first, and the preparation never runs.
     let error = infer(&state, &model, rows(&[1.0, f32::NAN]).with_deadline(past), &hold).await.expect_err("late");
     assert_eq!(error.kind, ErrorKind::DeadlineExceeded, "{}", error.message);
-    assert_eq!(error.message, "model `echo`: the request waited in the queue past its deadline");
+    assert_eq!(error.message, "model `echo`: the request waited for a core to prepare it past its deadline");
     assert_eq!(state.budget().held_bytes(), 0, "a late request holds nothing");
     let later = deadline_in(std::time::Duration::from_secs(60));
     let served = infer(&state, &model, rows(&[1.0, 2.0]).with_deadline(later), &hold).await.expect("in time");
