@@ -573,7 +573,8 @@ def check(table, plan, bundle, results):
     # instance): the same engines with cuBLAS's own size, to check that the memory saved costs no speed.
     for name in ("digits-gpu-fp32", "minilm-gpu-fp16"):
         if os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
-            table.add("cublas workspace", name, None, "CUBLAS_WORKSPACE_CONFIG is set here: inferd's 8 MiB is not what ran")
+            table.add("cublas workspace", name, None,
+                      "CUBLAS_WORKSPACE_CONFIG is set here: inferd's 8 MiB is not what ran")
         elif rates.get(name):
             wide = engine_bench(table, plan, bundle, repo, name, dict(env, CUBLAS_WORKSPACE_CONFIG=":4096:16"),
                                 results, "cublas-64MiB workspace")

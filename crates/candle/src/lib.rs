@@ -121,91 +121,7 @@ fn cuda_device(n: usize) -> Result<Device> {
     )))
 }
 
-/// Free and total bytes of a GPU's memory, once what this process's freed tensors left in the allocator's pool
-/// is given back (see [`release_pooled`]); `None` on the CPU.
-#[cfg(feature = "cuda")]
-fn gpu_memory(device: &Device) -> Option<memory::GpuMemory> {
-    release_pooled(device);
-    gpu_free(device)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn gpu_memory(_device: &Device) -> Option<memory::GpuMemory> {
-    None
-}
-
-/// Free and total bytes of a GPU's memory as the driver reports them now.
-#[cfg(feature = "cuda")]
-fn gpu_free(device: &Device) -> Option<memory::GpuMemory> {
-    let cuda = device.as_cuda_device().ok()?;
-    let (free, total) = cuda.cuda_stream().context().mem_get_info().ok()?;
-    Some(memory::GpuMemory { free: free as u64, total: total as u64 })
-}
-
-/// candle allocates with `cuMemAllocAsync`: a freed tensor's memory goes back to the device's memory pool once
-/// its stream reaches the free, and the pool returns it to the driver only at a later synchronisation, so until
-/// then the driver counts it as used, by this process, for ever if no batch follows. Waits for every stream of the
-/// context (every model's batches on this GPU: a pause of one batch at most), then trims the device's pool, which
-/// every candle model on the GPU shares, to what live tensors hold; the others' next batches take their working
-/// memory back from the driver. At a model's load, after its warm-up, and when it drops: never per batch.
-#[cfg(feature = "cuda")]
-fn release_pooled(device: &Device) {
-    use candle_core::cuda_backend::cudarc::driver::result;
-    let Ok(cuda) = device.as_cuda_device() else { return };
-    let context = cuda.cuda_stream().context().clone();
-    // A failed free is only recorded, and reading memory clears the record: report it first.
-    if let Err(e) = context.check_err() {
-        tracing::warn!(device = %device_name(device), error = %e, "an earlier CUDA call on this GPU failed");
-    }
-    if !context.has_async_alloc() {
-        return; // without memory pools a free goes straight back to the driver
-    }
-    let before = gpu_free(device);
-    // SAFETY: the pool is the device's own (cuDeviceGetMemPool), valid while the context lives; trimming releases
-    // only memory that no allocation holds.
-    #[allow(unsafe_code)]
-    let trimmed = context.synchronize().and_then(|()| unsafe {
-        let pool = result::device::get_mem_pool(context.cu_device())?;
-        result::mem_pool::trim_to(pool, 0)
-    });
-    match trimmed {
-        Ok(()) => tracing::debug!(
-            device = %device_name(device),
-            free_before = before.map(|m| m.free),
-            free_after = gpu_free(device).map(|m| m.free),
-            "gave the memory pool's cached blocks back to the GPU"
-        ),
-        Err(e) => tracing::warn!(device = %device_name(device), error = %e, "cannot trim the GPU's memory pool"),
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-fn release_pooled(_device: &Device) {}
-
-/// Makes the GPU's context current on this thread (a no-op on the CPU).
-#[cfg(feature = "cuda")]
-fn bind_context(device: &Device) {
-    if let Ok(cuda) = device.as_cuda_device() {
-        if let Err(e) = cuda.cuda_stream().context().bind_to_thread() {
-            tracing::warn!(device = %device_name(device), error = %e, "cannot make the GPU's context current");
-        }
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-fn bind_context(_device: &Device) {}
-
-/// Logs what the GPU has free at a step of a model's load: where its memory goes (context, libraries, weights).
-fn log_gpu_free(device: &Device, model: &str, step: &str) {
-    #[cfg(feature = "cuda")]
-    if let Some(memory) = gpu_free(device) {
-        tracing::debug!(model, device = %device_name(device), free = memory.free, step, "GPU memory");
-    }
-    #[cfg(not(feature = "cuda"))]
-    let _ = (device, model, step);
-}
-
-fn device_name(device: &Device) -> String {
+pub(crate) fn device_name(device: &Device) -> String {
     match device.location() {
         candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
         _ => "cpu".to_owned(),
@@ -263,10 +179,10 @@ impl CandleEngine {
         };
         let dtype = dtype_of(precision);
         let weight_bytes = memory::weights_bytes(&config.file, dtype)?;
-        if let Some(memory) = gpu_memory(&device) {
+        if let Some(memory) = memory::gpu_memory(&device) {
             memory::check_fits(&config.name, weight_bytes, precision, &device_name(&device), memory)?;
         }
-        log_gpu_free(&device, &config.name, "device ready");
+        memory::log_gpu_free(&device, &config.name, "device ready");
         let (model, inputs, outputs, text) = match (text, bert_config) {
             (Some(settings), Some(bert_config)) => {
                 let output = if config.task.scores() { Output::Logits } else { Output::Pool(settings.pooling) };
@@ -290,7 +206,7 @@ impl CandleEngine {
                 (Architecture::Mlp(mlp), inputs, outputs, None)
             }
         };
-        log_gpu_free(&device, &config.name, "weights loaded");
+        memory::log_gpu_free(&device, &config.name, "weights loaded");
         Ok(CandleEngine {
             metadata: ModelMetadata {
                 inputs,
@@ -416,7 +332,7 @@ impl Engine for CandleEngine {
     }
 
     fn release_cached_memory(&mut self) {
-        release_pooled(&self.device);
+        memory::release_pooled(&self.device);
     }
 
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
@@ -456,9 +372,9 @@ impl Drop for CandleEngine {
     fn drop(&mut self) {
         // The thread that drops an engine may never have run a batch: without the GPU's context current there,
         // freeing a tensor would fail, unseen.
-        bind_context(&self.device);
+        memory::bind_context(&self.device);
         self.model = Architecture::Mlp(Mlp { layers: Vec::new() });
-        release_pooled(&self.device);
+        memory::release_pooled(&self.device);
     }
 }
 

@@ -1,11 +1,13 @@
 //! GPU memory at load time: what a model's weights will take on the device, read from the safetensors header
 //! alone, checked against what the GPU has free, so that a model too large is a clear load error and never a
 //! half-copied model or an out-of-memory failure in the middle of serving.
+//! And what CUDA's memory pool keeps of freed tensors, given back to the GPU at a load, after a warm-up and when a
+//! model drops.
 
 use std::io::Read;
 use std::path::Path;
 
-use candle_core::DType;
+use candle_core::{DType, Device};
 use inferd_core::{Error, Precision, Result};
 
 /// A GPU's memory, as its driver reports it.
@@ -79,6 +81,90 @@ pub(crate) fn check_fits(model: &str, need: u64, precision: Precision, device: &
         gib(gpu.free),
         gib(gpu.total),
     )))
+}
+
+/// Free and total bytes of a GPU's memory, once what this process's freed tensors left in the allocator's pool
+/// is given back (see [`release_pooled`]); `None` on the CPU.
+#[cfg(feature = "cuda")]
+pub(crate) fn gpu_memory(device: &Device) -> Option<GpuMemory> {
+    release_pooled(device);
+    gpu_free(device)
+}
+
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn gpu_memory(_device: &Device) -> Option<GpuMemory> {
+    None
+}
+
+/// Free and total bytes of a GPU's memory as the driver reports them now.
+#[cfg(feature = "cuda")]
+fn gpu_free(device: &Device) -> Option<GpuMemory> {
+    let cuda = device.as_cuda_device().ok()?;
+    let (free, total) = cuda.cuda_stream().context().mem_get_info().ok()?;
+    Some(GpuMemory { free: free as u64, total: total as u64 })
+}
+
+/// candle allocates with `cuMemAllocAsync`: a freed tensor's memory goes back to the device's memory pool once
+/// its stream reaches the free, and the pool returns it to the driver only at a later synchronisation, so until
+/// then the driver counts it as used, by this process, for ever if no batch follows. Waits for every stream of the
+/// context (every model's batches on this GPU: a pause of one batch at most), then trims the device's pool, which
+/// every candle model on the GPU shares, to what live tensors hold; the others' next batches take their working
+/// memory back from the driver. At a model's load, after its warm-up, and when it drops: never per batch.
+#[cfg(feature = "cuda")]
+pub(crate) fn release_pooled(device: &Device) {
+    use candle_core::cuda_backend::cudarc::driver::result;
+    let Ok(cuda) = device.as_cuda_device() else { return };
+    let context = cuda.cuda_stream().context().clone();
+    // A failed free is only recorded, and reading memory clears the record: report it first.
+    if let Err(e) = context.check_err() {
+        tracing::warn!(device = %crate::device_name(device), error = %e, "an earlier CUDA call on this GPU failed");
+    }
+    if !context.has_async_alloc() {
+        return; // without memory pools a free goes straight back to the driver
+    }
+    let before = gpu_free(device);
+    // SAFETY: the pool is the device's own (cuDeviceGetMemPool), valid while the context lives; trimming releases
+    // only memory that no allocation holds.
+    #[allow(unsafe_code)]
+    let trimmed = context.synchronize().and_then(|()| unsafe {
+        let pool = result::device::get_mem_pool(context.cu_device())?;
+        result::mem_pool::trim_to(pool, 0)
+    });
+    match trimmed {
+        Ok(()) => tracing::debug!(
+            device = %crate::device_name(device),
+            free_before = before.map(|m| m.free),
+            free_after = gpu_free(device).map(|m| m.free),
+            "gave the memory pool's cached blocks back to the GPU"
+        ),
+        Err(e) => tracing::warn!(device = %crate::device_name(device), error = %e, "cannot trim the GPU's memory pool"),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn release_pooled(_device: &Device) {}
+
+/// Makes the GPU's context current on this thread (a no-op on the CPU).
+#[cfg(feature = "cuda")]
+pub(crate) fn bind_context(device: &Device) {
+    if let Ok(cuda) = device.as_cuda_device() {
+        if let Err(e) = cuda.cuda_stream().context().bind_to_thread() {
+            tracing::warn!(device = %crate::device_name(device), error = %e, "cannot make the GPU's context current");
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn bind_context(_device: &Device) {}
+
+/// Logs what the GPU has free at a step of a model's load: where its memory goes (context, libraries, weights).
+pub(crate) fn log_gpu_free(device: &Device, model: &str, step: &str) {
+    #[cfg(feature = "cuda")]
+    if let Some(memory) = gpu_free(device) {
+        tracing::debug!(model, device = %crate::device_name(device), free = memory.free, step, "GPU memory");
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = (device, model, step);
 }
 
 #[cfg(test)]

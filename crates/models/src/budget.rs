@@ -25,15 +25,11 @@ pub fn cublas_workspace_config(mib: u64) -> String {
 }
 
 /// Sizes every cuBLAS handle's workspace through `CUBLAS_WORKSPACE_CONFIG`, unless that is set already (the
-/// operator's own value wins). Call before any other thread starts: the environment is the process's. Returns the
-/// value in force.
-pub fn set_cublas_workspace(mib: u64) -> String {
-    if let Some(set) = std::env::var_os(CUBLAS_WORKSPACE_VARIABLE) {
-        return set.to_string_lossy().into_owned();
+/// operator's own value wins). Call before any other thread starts: the environment is the process's.
+pub fn set_cublas_workspace(mib: u64) {
+    if std::env::var_os(CUBLAS_WORKSPACE_VARIABLE).is_none() {
+        std::env::set_var(CUBLAS_WORKSPACE_VARIABLE, cublas_workspace_config(mib));
     }
-    let value = cublas_workspace_config(mib);
-    std::env::set_var(CUBLAS_WORKSPACE_VARIABLE, &value);
-    value
 }
 
 /// A GPU's memory as the server's probe reads it.

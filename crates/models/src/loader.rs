@@ -164,8 +164,8 @@ fn warm_up(
 ) -> anyhow::Result<bool> {
     let meta = engine.metadata();
     // A text model warms with sequences of its longest length: on a GPU as many as its token budget takes, to
-    // prove that its largest batch fits (and pick its kernels) before it serves; on the CPU one, which is all the allocator needs to see (a full
-    // budget there is seconds of arithmetic before the model is ready).
+    // prove that its largest batch fits (and pick its kernels) before it serves; on the CPU one, which is all the
+    // allocator needs to see (a full budget there is seconds of arithmetic before the model is ready).
     let rows = match (&meta.text, batching.max_batch_size) {
         (Some(text), max) if meta.on_gpu() => {
             (batching.max_batch_tokens / text.max_seq_len.max(1)).clamp(1, max.max(1))

@@ -136,12 +136,14 @@ fn cuda_device<'a>(gpus: &'a [GpuInfo], visible: Option<&str>, ordinal: usize) -
             _ => None,
         }
     };
-    let mut seen = Vec::new();
-    visible
-        .split(',')
-        .map(str::trim)
-        .map_while(|entry| named(entry).filter(|gpu| !seen.contains(&gpu.index)).inspect(|gpu| seen.push(gpu.index)))
-        .nth(ordinal)
+    let mut listed: Vec<&GpuInfo> = Vec::new();
+    for entry in visible.split(',').map(str::trim) {
+        match named(entry) {
+            Some(gpu) if !listed.iter().any(|g| g.index == gpu.index) => listed.push(gpu),
+            _ => break,
+        }
+    }
+    listed.get(ordinal).copied()
 }
 
 /// The latest GPU facts, shared by /health (readers) and the refresh task (the only writer).

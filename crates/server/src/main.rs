@@ -9,14 +9,13 @@ use tracing_subscriber::EnvFilter;
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // The environment is the process's: set before the runtime starts its threads.
-    let cublas_workspace = match &cli.command {
-        Command::Serve(config) => Some(inferd_models::budget::set_cublas_workspace(config.cublas_workspace_mib)),
-        Command::Healthcheck(_) => None,
-    };
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(cli, cublas_workspace))
+    if let Command::Serve(config) = &cli.command {
+        inferd_models::budget::set_cublas_workspace(config.cublas_workspace_mib);
+    }
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(cli))
 }
 
-async fn run(cli: Cli, cublas_workspace: Option<String>) -> anyhow::Result<()> {
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(config) => {
             let logs = tracing_subscriber::fmt()
@@ -27,7 +26,6 @@ async fn run(cli: Cli, cublas_workspace: Option<String>) -> anyhow::Result<()> {
                 LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
                 LogFormat::Json => logs.json().with_current_span(true).with_span_list(true).init(),
             }
-            tracing::debug!(cublas_workspace = cublas_workspace.as_deref(), "CUBLAS_WORKSPACE_CONFIG");
             inferd_server::run(config, shutdown_signal()).await
         }
         Command::Healthcheck(config) => {

@@ -132,7 +132,7 @@ fn an_unloaded_model_gives_its_gpu_memory_back() {
     gpu_count();
     let dir = tempfile::tempdir().expect("tempdir");
     // 512 MiB of weights.
-    let (_, c) = write_sparse_mlp(dir.path(), (512 << 20) / (4 * (64 + 1 + 10)));
+    let (_, c) = write_sparse_mlp(dir.path(), hidden_for(512 << 20));
     let device = Device::new_cuda(0).expect("GPU 0");
     let engine = CandleEngine::load(&c, Precision::Fp32).expect("loads");
     let (loaded, _) = memory(&device);
@@ -140,6 +140,11 @@ fn an_unloaded_model_gives_its_gpu_memory_back() {
     let (unloaded, _) = memory(&device);
     let back = unloaded.saturating_sub(loaded);
     assert!(back >= 480 << 20, "{} MiB came back of 512 MiB of weights", back >> 20);
+}
+
+/// The hidden width that gives a sparse mlp (below) about `bytes` of FP32 weights.
+fn hidden_for(bytes: usize) -> usize {
+    bytes / (4 * (64 + 1 + 10))
 }
 
 /// An mlp `[64, hidden, 10]` whose weights file declares its tensors but is sparse: it takes no disk, reads as
@@ -182,7 +187,7 @@ fn a_model_larger_than_the_gpu_is_a_clean_load_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     // Weights of twice the GPU's memory: refused from the file's header, before anything is copied.
     let (_, total) = memory(&Device::new_cuda(0).expect("GPU 0"));
-    let (_, c) = write_sparse_mlp(dir.path(), 2 * total / (4 * (64 + 1 + 10)));
+    let (_, c) = write_sparse_mlp(dir.path(), hidden_for(2 * total));
     let err = CandleEngine::load(&c, Precision::Fp32).expect_err("does not fit").to_string();
     assert!(err.contains("GPU memory in fp32") && err.contains("cuda:0 has"), "{err}");
     // The GPU is unharmed: a model that fits loads and runs.
@@ -198,7 +203,7 @@ fn a_model_that_fits_the_gpu_but_not_its_free_memory_is_refused_until_memory_fre
     gpu_count();
     let dir = tempfile::tempdir().expect("tempdir");
     // 1 GiB of weights.
-    let (_, c) = write_sparse_mlp(dir.path(), (1 << 30) / (4 * (64 + 1 + 10)));
+    let (_, c) = write_sparse_mlp(dir.path(), hidden_for(1 << 30));
     let device = Device::new_cuda(0).expect("GPU 0");
     let (free, _) = memory(&device);
     // Another tenant holds all but 512 MiB.
