@@ -330,6 +330,21 @@ def report_memory(table, server, plan, stage, only=None):
     return gpu_mib
 
 
+def check_rest(table, server, warm_mib, loaded_mib):
+    """Once the loads stop, each worker gives back its engine's cached memory after `release_after_idle_ms`
+    (default 10 s): waits up to 30 s for the process's GPU memory to come back to what it held after warm-up, and
+    checks it within 10 % of that (the memory goal's line for resting after a load)."""
+    started = time.monotonic()
+    rested = process_gpu_mib(server.proc.pid)
+    while rested is not None and rested > warm_mib and time.monotonic() - started < 30:
+        time.sleep(1)
+        rested = process_gpu_mib(server.proc.pid)
+    waited = time.monotonic() - started
+    table.add("memory at rest", "inferd", rested is not None and rested <= warm_mib * 1.10,
+              f"GPU {rested} MiB {waited:.0f} s after the loads ({loaded_mib} MiB as they ended, {warm_mib} MiB "
+              f"after warm-up; at most +10 %)")
+
+
 def check_models(table, health, models):
     by_name = {m["name"]: m for m in health["models"]}
     wrong = [f"{name}: {by_name.get(name)}" for name, (device, precision) in models.items()
@@ -545,7 +560,7 @@ def check(table, plan, bundle, results):
             return
         table.add("server", "inferd serve", True, f"{len(served)} models ready")
         check_health(table, server, served, baseline)  # in a rehearsal: the models' devices and precisions
-        report_memory(table, server, plan, "after warm-up")
+        warm = report_memory(table, server, plan, "after warm-up")
         pixels = json.load(open(os.path.join(bundle, "data", "digits_heldout.json")))["pixels"]
         check_outputs(table, server, pixels, [(f"digits-gpu-{p}", p) for p in ("fp32", "fp16", "bf16")],
                       "digits-cpu", "digits")
@@ -562,6 +577,8 @@ def check(table, plan, bundle, results):
             if before is not None and after is not None:
                 table.add("memory after load", model, FIGURE, f"the process's GPU memory grew {after - before} MiB "
                           f"under its load ({before} -> {after} MiB)")
+        if warm is not None and after is not None:
+            check_rest(table, server, warm, after)
     finally:
         server.stop()
 

@@ -46,6 +46,9 @@ pub(crate) struct Queue {
     max_queue_size: usize,
     /// The model's own queue deadline (`timeout_ms`), if any.
     timeout: Option<Duration>,
+    /// How long a worker waits for a batch before it gives back its engine's cached memory
+    /// (`release_after_idle_ms`); `None` for never.
+    pub(crate) release_after_idle: Option<Duration>,
     state: Mutex<State>,
     work_ready: Condvar,
     control: Condvar,
@@ -104,6 +107,15 @@ impl Pending {
     }
 }
 
+/// What a worker is to do next.
+pub(crate) enum Next {
+    Batch(Vec<Pending>),
+    /// No batch came while it waited as long as it was told to.
+    Idle,
+    /// The queue is stopping and empty: the worker exits.
+    Stop,
+}
+
 /// What requests must share to share a batch: each input's data type and non-batch dimensions, and which engine
 /// call serves them.
 #[derive(Debug, PartialEq, Eq)]
@@ -119,6 +131,8 @@ impl Queue {
             model,
             max_queue_size: config.max_queue_size,
             timeout: (config.timeout_ms > 0).then(|| Duration::from_millis(config.timeout_ms)),
+            release_after_idle: (config.release_after_idle_ms > 0)
+                .then(|| Duration::from_millis(config.release_after_idle_ms)),
             state: Mutex::new(State {
                 queue: VecDeque::new(),
                 ready: VecDeque::new(),
@@ -265,8 +279,8 @@ impl Queue {
     }
 
     /// Worker `worker` has finished its batch (or starts): waits for the next one, cutting it itself when it can.
-    /// `None` once the queue is stopping and empty: the worker exits.
-    pub(crate) fn next_batch(&self, worker: usize) -> Option<Vec<Pending>> {
+    /// With `idle_until`, it waits no later than that: [`Next::Idle`] if no batch came by then.
+    pub(crate) fn next_batch(&self, worker: usize, idle_until: Option<Instant>) -> Next {
         let mut state = self.lock();
         state.running[worker] = None;
         state.idle_workers += 1;
@@ -275,13 +289,13 @@ impl Queue {
                 state.ready_requests -= batch.len();
                 state.idle_workers -= 1;
                 state.running[worker] = Some(Instant::now());
-                return Some(batch);
+                return Next::Batch(batch);
             }
             if state.stopping && state.queue.is_empty() {
                 state.idle_workers -= 1;
                 // The scheduler may be asleep with no timer: let it see that there is nothing left.
                 self.control.notify_all();
-                return None;
+                return Next::Stop;
             }
             // Trigger 2 of `cut`: free now, take what is queued without waiting for the scheduler thread.
             let (wait, cut) = self.cut(&mut state, Instant::now());
@@ -295,7 +309,17 @@ impl Queue {
             if !state.ready.is_empty() {
                 continue;
             }
-            state = self.work_ready.wait(state).unwrap_or_else(PoisonError::into_inner);
+            match idle_until {
+                None => state = self.work_ready.wait(state).unwrap_or_else(PoisonError::into_inner),
+                Some(until) => {
+                    let Some(left) = until.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) else {
+                        // Not idle while away: `cut` cuts nothing for this worker until it asks again.
+                        state.idle_workers -= 1;
+                        return Next::Idle;
+                    };
+                    state = self.work_ready.wait_timeout(state, left).unwrap_or_else(PoisonError::into_inner).0;
+                }
+            }
         }
     }
 

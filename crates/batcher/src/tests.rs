@@ -11,6 +11,7 @@ use crate::admission::piece_rows;
 use crate::{BatchError, BatchObserver, Batcher, InferRequest, InferResponse};
 
 mod counts;
+mod idle;
 
 /// Doubles its FP32 input `[-1, -1]`. Records each batch's values; can be held at a gate. Refuses as invalid
 /// input what does not fit its input's spec, as a real engine does; panics on a value of -1, fails on -2 and
@@ -27,6 +28,8 @@ struct Gate {
     opened: Condvar,
     /// Told each time a batch reaches the engine.
     entered: Mutex<Option<mpsc::UnboundedSender<usize>>>,
+    /// Told each time the engine is asked to give back its cached memory.
+    released: Mutex<Option<mpsc::UnboundedSender<()>>>,
 }
 
 impl Gate {
@@ -46,6 +49,12 @@ impl Gate {
 impl Engine for Doubler {
     fn metadata(&self) -> &ModelMetadata {
         &self.metadata
+    }
+
+    fn release_cached_memory(&mut self) {
+        if let Some(tx) = self.gate.released.lock().expect("gate").as_ref() {
+            let _ = tx.send(());
+        }
     }
 
     fn run(&mut self, inputs: &[Tensor]) -> inferd_core::Result<Vec<Tensor>> {

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use inferd_core::{DataType, Engine, Tensor};
 
-use crate::queue::{drop_dead_requests, Pending, Queue};
+use crate::queue::{drop_dead_requests, Next, Pending, Queue};
 use crate::request::{BatchError, BatchObserver, InferResponse};
 
 /// One worker; everything here is owned by its thread.
@@ -32,10 +32,26 @@ impl Worker {
         Worker { index, queue, observer, engine }
     }
 
-    /// The thread's body: runs a batch whenever one is cut for it, until the queue stops.
+    /// The thread's body: runs a batch whenever one is cut for it, until the queue stops. Once idle for the
+    /// queue's `release_after_idle` after a batch, it has its engine give back what it keeps cached, and waits on.
     pub(crate) fn run(mut self) {
-        while let Some(batch) = self.queue.next_batch(self.index) {
-            self.run_batch(batch);
+        let mut last_batch: Option<Instant> = None;
+        loop {
+            let idle_until = last_batch.zip(self.queue.release_after_idle).map(|(at, after)| at + after);
+            match self.queue.next_batch(self.index, idle_until) {
+                Next::Batch(batch) => {
+                    self.run_batch(batch);
+                    last_batch = Some(Instant::now());
+                }
+                Next::Idle => {
+                    last_batch = None;
+                    let released = catch_unwind(AssertUnwindSafe(|| self.engine.release_cached_memory()));
+                    if released.is_err() {
+                        tracing::error!(model = %self.queue.model.name, "the engine panicked giving back its cached memory");
+                    }
+                }
+                Next::Stop => return,
+            }
         }
     }
 

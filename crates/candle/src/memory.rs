@@ -109,7 +109,8 @@ fn gpu_free(device: &Device) -> Option<GpuMemory> {
 /// then the driver counts it as used, by this process, for ever if no batch follows. Waits for every stream of the
 /// context (every model's batches on this GPU: a pause of one batch at most), then trims the device's pool, which
 /// every candle model on the GPU shares, to what live tensors hold; the others' next batches take their working
-/// memory back from the driver. At a model's load, after its warm-up, and when it drops: never per batch.
+/// memory back from the driver. At a model's load, after its warm-up, when its worker has been idle a while
+/// (`[batching] release_after_idle_ms`), and when it drops: never per batch.
 #[cfg(feature = "cuda")]
 pub(crate) fn release_pooled(device: &Device) {
     use candle_core::cuda_backend::cudarc::driver::result;

@@ -23,10 +23,17 @@ pub struct BatchingConfig {
     pub timeout_ms: u64,
     /// Text models: padded tokens (rows × the longest sequence) per batch at most.
     pub max_batch_tokens: usize,
+    /// A worker that has run no batch for this many milliseconds gives back the memory its engine keeps cached
+    /// from its last batches (on a GPU, the blocks CUDA's memory pool holds for the next ones), once per idle
+    /// spell; 0 keeps it for the next burst.
+    pub release_after_idle_ms: u64,
 }
 
 /// Default `max_batch_tokens`: 16 Ki tokens, 64 rows of 256.
 pub const DEFAULT_MAX_BATCH_TOKENS: usize = 16 * 1024;
+
+/// Default `release_after_idle_ms`: ten seconds, as long as the process's allocator keeps freed host pages.
+pub const DEFAULT_RELEASE_AFTER_IDLE_MS: u64 = 10_000;
 
 impl Default for BatchingConfig {
     fn default() -> Self {
@@ -37,6 +44,7 @@ impl Default for BatchingConfig {
             max_queue_size: 1024,
             timeout_ms: 0,
             max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
+            release_after_idle_ms: DEFAULT_RELEASE_AFTER_IDLE_MS,
         }
     }
 }

@@ -1,0 +1,58 @@
+//! A worker left idle after its batches has its engine give back what it keeps cached: once per idle spell, never
+//! before a batch has run (the load released what the warm-up left), never with `release_after_idle_ms = 0`.
+//! What is checked not to happen is checked after many times the idle period, so a slow machine cannot fail it.
+
+use super::*;
+
+fn releases(gate: &Gate) -> mpsc::UnboundedReceiver<()> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    *gate.released.lock().expect("gate") = Some(tx);
+    rx
+}
+
+/// Waits for the next release, for at most ten seconds.
+async fn next_release(rx: &mut mpsc::UnboundedReceiver<()>) {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the idle worker released its engine's cached memory")
+        .expect("the gate lives as long as the fixture");
+}
+
+#[tokio::test]
+async fn an_idle_worker_releases_its_engines_cached_memory_once_per_idle_spell() {
+    let f = fixture(BatchingConfig { release_after_idle_ms: 20, ..batched(8) }, true);
+    let mut released = releases(&f.gate);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(released.try_recv().is_err(), "released before any batch ran");
+
+    f.batcher.infer(rows(&[1.0], 1)).await.expect("answered");
+    next_release(&mut released).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(released.try_recv().is_err(), "released again with no batch in between");
+
+    // A batch after the release: served as before, and the next idle spell releases again.
+    let answer = f.batcher.infer(rows(&[3.0], 1)).await.expect("answered after a release");
+    assert_eq!(answer.outputs[0].to_vec::<f32>().expect("fp32"), vec![6.0]);
+    next_release(&mut released).await;
+}
+
+#[tokio::test]
+async fn a_busy_worker_releases_nothing_until_it_is_idle() {
+    let f = fixture(BatchingConfig { release_after_idle_ms: 20, ..batched(8) }, false);
+    let mut released = releases(&f.gate);
+    let running = hold_worker(&f, 1.0).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(released.try_recv().is_err(), "released while running a batch");
+    f.gate.open();
+    running.await.expect("task").expect("answered");
+    next_release(&mut released).await;
+}
+
+#[tokio::test]
+async fn zero_keeps_the_cached_memory() {
+    let f = fixture(BatchingConfig { release_after_idle_ms: 0, ..batched(8) }, true);
+    let mut released = releases(&f.gate);
+    f.batcher.infer(rows(&[1.0], 1)).await.expect("answered");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(released.try_recv().is_err(), "released with release_after_idle_ms = 0");
+}
