@@ -108,8 +108,8 @@ impl Batcher {
         &self.queue.model.metadata
     }
 
-    /// How long the longest-running batch has run so far, if a worker is running one: what tells a stalled
-    /// engine from a busy one.
+    /// How long the longest-running batch has run so far, if a worker is running one (or is having its engine
+    /// give back its cached memory, see `release_after_idle_ms`): what tells a stalled engine from a busy one.
     pub fn longest_running(&self) -> Option<Duration> {
         self.queue.longest_running()
     }

@@ -313,8 +313,10 @@ impl Queue {
                 None => state = self.work_ready.wait(state).unwrap_or_else(PoisonError::into_inner),
                 Some(until) => {
                     let Some(left) = until.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) else {
-                        // Not idle while away: `cut` cuts nothing for this worker until it asks again.
+                        // Not idle while away: `cut` cuts nothing for this worker until it asks again. Its release
+                        // counts as running, so that a release that hangs shows as a stalled worker.
                         state.idle_workers -= 1;
+                        state.running[worker] = Some(Instant::now());
                         return Next::Idle;
                     };
                     state = self.work_ready.wait_timeout(state, left).unwrap_or_else(PoisonError::into_inner).0;

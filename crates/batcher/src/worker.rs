@@ -40,14 +40,16 @@ impl Worker {
             let idle_until = last_batch.zip(self.queue.release_after_idle).map(|(at, after)| at + after);
             match self.queue.next_batch(self.index, idle_until) {
                 Next::Batch(batch) => {
-                    self.run_batch(batch);
-                    last_batch = Some(Instant::now());
+                    if self.run_batch(batch) {
+                        last_batch = Some(Instant::now());
+                    }
                 }
                 Next::Idle => {
                     last_batch = None;
                     let released = catch_unwind(AssertUnwindSafe(|| self.engine.release_cached_memory()));
                     if released.is_err() {
-                        tracing::error!(model = %self.queue.model.name, "the engine panicked giving back its cached memory");
+                        let model = &self.queue.model.name;
+                        tracing::error!(%model, "the engine panicked giving back its cached memory");
                     }
                 }
                 Next::Stop => return,
@@ -55,11 +57,12 @@ impl Worker {
         }
     }
 
-    fn run_batch(&mut self, mut batch: Vec<Pending>) {
+    /// Runs `batch`; false when the engine did not run, every request in it being dead.
+    fn run_batch(&mut self, mut batch: Vec<Pending>) -> bool {
         let started = Instant::now();
         drop_dead_requests(&mut batch, started);
         if batch.is_empty() {
-            return;
+            return false;
         }
         let rows: usize = batch.iter().map(|p| p.rows).sum();
         let span =
@@ -72,6 +75,7 @@ impl Worker {
             self.observer.request_started(started.saturating_duration_since(p.enqueued_at));
         }
         self.run_isolating(batch, started);
+        true
     }
 
     /// Runs `batch` and answers its requests. A batch that fails while holding more than one request runs again

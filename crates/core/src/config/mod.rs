@@ -388,6 +388,7 @@ mod tests {
             preferred_batch_sizes = [8, 16]
             max_queue_size = 10
             timeout_ms = 250
+            release_after_idle_ms = 30000
             [candle]
             architecture = "mlp"
             layers = [4, 3]
@@ -408,6 +409,7 @@ mod tests {
         assert_eq!(c.instances, 2);
         assert_eq!(c.batching.preferred_batch_sizes, vec![8, 16]);
         assert_eq!(c.batching.timeout_ms, 250);
+        assert_eq!(c.batching.release_after_idle_ms, 30_000);
         assert_eq!(c.inputs[0].datatype, DataType::Fp16);
         assert_eq!(c.outputs[0].shape, vec![-1, 3]);
         assert_eq!(c.candle.as_ref().map(|c| c.layers.clone()), Some(vec![4, 3]));
