@@ -5,6 +5,7 @@
 # serving `digits` alone (a model of 39 KB: the server itself), set against its weight files' size. One run, release
 # build; a model's load is its own protocol (tensors, embed, rerank, TEI's predict, a picture).
 #   LOAD=60 AFTER=60 MODELS="digits minilm-int8" ./benches/memory.sh
+# INFERD=path measures another build of the server (an A/B), the load generator still this tree's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOAD=${LOAD:-60}
@@ -19,7 +20,7 @@ mkdir -p "$OUT"
 ./scripts/fetch-test-models.sh
 cargo build --release --locked -p inferd-server -p inferd-benches
 BENCH=target/release/inferd-bench
-INFERD=target/release/inferd
+INFERD=${INFERD:-target/release/inferd}
 . benches/lib.sh
 work=$(mktemp -d)
 trap 'stop_server; rm -rf "$work"' EXIT

@@ -129,6 +129,10 @@ pub trait BatchObserver: Send + Sync {
     fn tokens_batched(&self, real: usize, padded: usize) {
         let _ = (real, padded);
     }
+    /// A worker has run no batch for `release_after_idle_ms` and its engine has given back its cached memory.
+    /// Called on that worker's thread, once per idle spell, so that what the process keeps per thread (its
+    /// allocator's cache) can be given back there too; nothing by default.
+    fn worker_idle(&self) {}
 }
 
 /// An observer for callers that count nothing.

@@ -105,6 +105,8 @@ struct Observed {
     started: Mutex<usize>,
     batches: Mutex<Vec<(usize, bool)>>,
     tokens: Mutex<Vec<(usize, usize)>>,
+    /// The threads that said their worker went idle, one entry per call.
+    idle: Mutex<Vec<String>>,
 }
 
 impl BatchObserver for Observed {
@@ -122,6 +124,11 @@ impl BatchObserver for Observed {
 
     fn tokens_batched(&self, real: usize, padded: usize) {
         self.tokens.lock().expect("observed").push((real, padded));
+    }
+
+    fn worker_idle(&self) {
+        let thread = std::thread::current().name().unwrap_or_default().to_owned();
+        self.idle.lock().expect("observed").push(thread);
     }
 }
 

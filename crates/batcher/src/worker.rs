@@ -51,6 +51,7 @@ impl Worker {
                         let model = &self.queue.model.name;
                         tracing::error!(%model, "the engine panicked giving back its cached memory");
                     }
+                    self.observer.worker_idle();
                 }
                 Next::Stop => return,
             }

@@ -406,6 +406,12 @@ fn nanos(d: Duration) -> u64 {
 }
 
 impl BatchObserver for BatchMetrics {
+    /// The idle worker's allocator cache goes back too: a thread that waits keeps what it cached for ever, and
+    /// with it the pages under those blocks (benches/README.md, "Small thread caches").
+    fn worker_idle(&self) {
+        crate::alloc::flush_thread_cache();
+    }
+
     fn request_queued(&self, _depth: usize) {
         self.counts.requests.fetch_add(1, Ordering::Relaxed);
     }

@@ -34,6 +34,18 @@ async fn an_idle_worker_releases_its_engines_cached_memory_once_per_idle_spell()
     let answer = f.batcher.infer(rows(&[3.0], 1)).await.expect("answered after a release");
     assert_eq!(answer.outputs[0].to_vec::<f32>().expect("fp32"), vec![6.0]);
     next_release(&mut released).await;
+    // The observer hears of each idle spell on the worker's own thread, after its engine's release.
+    let told = async {
+        loop {
+            let idle = f.observed.idle.lock().expect("observed").clone();
+            if idle.len() >= 2 {
+                return idle;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let idle = tokio::time::timeout(Duration::from_secs(10), told).await.expect("the observer heard of both");
+    assert_eq!(idle, vec!["inferd-double-0".to_owned(); 2]);
 }
 
 #[tokio::test]
