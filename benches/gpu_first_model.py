@@ -10,8 +10,8 @@ what a case gains from it is the code that lazy loading defers to a model's warm
 import json
 import os
 import sys
-import tarfile
-import tempfile
+
+from gpu_bundle import open_bundle
 
 CASES = [
     ("minilm-fp16 alone", [("minilm", "fp16")], {}),
@@ -26,16 +26,7 @@ CASES = [
 def main():
     archive, results = sys.argv[1], os.path.abspath(sys.argv[2])
     os.makedirs(results, exist_ok=True)
-    unpacked = tempfile.mkdtemp()
-    tarfile.open(archive).extractall(unpacked, filter="tar")
-    bundle = os.path.join(unpacked, "inferd-gpu")
-    sys.path.insert(0, bundle)
-    import gpu_check as g
-
-    table = g.Table()
-    library_path = g.find_libraries(table)
-    base_env = dict(os.environ, LD_LIBRARY_PATH=library_path,
-                    INFERD_LOG="info,ort=warn,inferd_candle=debug")
+    bundle, g, base_env = open_bundle(archive)
     rows = ["| case | model | weights MiB | device memory at load MiB | process GPU MiB (nvidia-smi) |",
             "| --- | --- | --- | --- | --- |"]
     for n, (case, models, extra) in enumerate(CASES):

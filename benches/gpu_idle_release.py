@@ -9,9 +9,9 @@ once (the pool already grown). Prints the latencies and the process's GPU memory
 import os
 import statistics
 import sys
-import tarfile
-import tempfile
 import time
+
+from gpu_bundle import open_bundle
 
 ROUNDS = 8
 
@@ -19,13 +19,7 @@ ROUNDS = 8
 def main():
     archive, results = sys.argv[1], os.path.abspath(sys.argv[2])
     os.makedirs(results, exist_ok=True)
-    unpacked = tempfile.mkdtemp()
-    tarfile.open(archive).extractall(unpacked, filter="tar")
-    bundle = os.path.join(unpacked, "inferd-gpu")
-    sys.path.insert(0, bundle)
-    import gpu_check as g
-
-    env = dict(os.environ, LD_LIBRARY_PATH=g.find_libraries(g.Table()))
+    bundle, g, env = open_bundle(archive)
     texts = (g.SENTENCES * 7)[:64]
     lines = []
     for release_ms in (1000, 0):

@@ -11,7 +11,7 @@ use crate::admission::piece_rows;
 use crate::{BatchError, BatchObserver, Batcher, InferRequest, InferResponse};
 
 mod counts;
-mod idle;
+mod worker;
 
 /// Doubles its FP32 input `[-1, -1]`. Records each batch's values; can be held at a gate. Refuses as invalid
 /// input what does not fit its input's spec, as a real engine does; panics on a value of -1, fails on -2 and
@@ -480,24 +480,4 @@ async fn a_failing_batch_fails_only_the_requests_that_cause_it() {
     let ok_rows: usize = batches.iter().filter(|(_, ok)| *ok).map(|(rows, _)| rows).sum();
     assert_eq!(ok_rows, 1 + 5, "{batches:?}");
     assert!(batches.len() <= 1 + 2 * 8, "halving, not one request at a time over and over: {batches:?}");
-}
-
-#[tokio::test]
-async fn a_long_running_batch_is_reported_until_it_ends() {
-    let f = fixture(batched(8), false);
-    assert_eq!(f.batcher.longest_running(), None, "idle");
-    let running = hold_worker(&f, 0.0).await;
-    let first = f.batcher.longest_running().expect("a batch runs");
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    assert!(f.batcher.longest_running().expect("still running") >= first + Duration::from_millis(20));
-    f.gate.open();
-    running.await.expect("task").expect("answered");
-    // The worker clears its mark before it waits for the next batch.
-    for _ in 0..100 {
-        if f.batcher.longest_running().is_none() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("the finished batch is still reported as running");
 }

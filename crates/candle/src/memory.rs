@@ -123,7 +123,8 @@ pub(crate) fn release_pooled(device: &Device) {
     if !context.has_async_alloc() {
         return; // without memory pools a free goes straight back to the driver
     }
-    let before = gpu_free(device);
+    // What the trim gave back is read only for the debug line that says it.
+    let before = tracing::enabled!(tracing::Level::DEBUG).then(|| gpu_free(device)).flatten();
     // SAFETY: the pool is the device's own (cuDeviceGetMemPool), valid while the context lives; trimming releases
     // only memory that no allocation holds.
     #[allow(unsafe_code)]
@@ -161,7 +162,7 @@ pub(crate) fn bind_context(_device: &Device) {}
 /// Logs what the GPU has free at a step of a model's load: where its memory goes (context, libraries, weights).
 pub(crate) fn log_gpu_free(device: &Device, model: &str, step: &str) {
     #[cfg(feature = "cuda")]
-    if let Some(memory) = gpu_free(device) {
+    if let Some(memory) = tracing::enabled!(tracing::Level::DEBUG).then(|| gpu_free(device)).flatten() {
         tracing::debug!(model, device = %crate::device_name(device), free = memory.free, step, "GPU memory");
     }
     #[cfg(not(feature = "cuda"))]

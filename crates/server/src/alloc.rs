@@ -10,34 +10,25 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// Gives every free page back to the system now, instead of over the next seconds: after a model loads, so that
 /// its warm-up's scratch memory is not counted as what the model costs.
 pub(crate) fn give_back_free_memory() {
-    // jemalloc's `arena.<MALLCTL_ARENAS_ALL>.purge`: a command that reads and writes nothing.
-    const PURGE_ALL: &[u8] = b"arena.4096.purge\0";
-    // SAFETY: the name is a NUL-terminated control name that jemalloc defines; with null old and new pointers and
-    // zero lengths, jemalloc neither reads nor writes through them.
-    #[allow(unsafe_code)]
-    let status = unsafe {
-        tikv_jemalloc_sys::mallctl(
-            PURGE_ALL.as_ptr().cast(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            0,
-        )
-    };
-    if status != 0 {
-        tracing::debug!(status, "jemalloc did not purge");
-    }
+    // `arena.<MALLCTL_ARENAS_ALL>.purge`
+    command(c"arena.4096.purge", "purge");
 }
 
 /// Gives the calling thread's cached free blocks back to jemalloc's arenas, so that their pages can go back to
 /// the system. For a thread that is going to wait a while: its next allocations refill the cache.
 pub(crate) fn flush_thread_cache() {
-    const FLUSH: &[u8] = b"thread.tcache.flush\0";
-    // SAFETY: as in `give_back_free_memory`: a NUL-terminated control name; a command that reads and writes nothing.
+    command(c"thread.tcache.flush", "flush the thread's cache");
+}
+
+/// Runs jemalloc's command `name` (a control that reads and writes nothing); a refusal is logged at debug, saying
+/// what it did not `do_`.
+fn command(name: &std::ffi::CStr, do_: &str) {
+    // SAFETY: the name is a NUL-terminated control name that jemalloc defines; with null old and new pointers and
+    // zero lengths, jemalloc neither reads nor writes through them.
     #[allow(unsafe_code)]
     let status = unsafe {
         tikv_jemalloc_sys::mallctl(
-            FLUSH.as_ptr().cast(),
+            name.as_ptr().cast(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
@@ -45,7 +36,7 @@ pub(crate) fn flush_thread_cache() {
         )
     };
     if status != 0 {
-        tracing::debug!(status, "jemalloc did not flush the thread's cache");
+        tracing::debug!(status, "jemalloc did not {do_}");
     }
 }
 

@@ -1,6 +1,7 @@
-//! A worker left idle after its batches has its engine give back what it keeps cached: once per idle spell, never
-//! before a batch has run (the load released what the warm-up left), never with `release_after_idle_ms = 0`.
-//! What is checked not to happen is checked after many times the idle period, so a slow machine cannot fail it.
+//! A worker over time: the batch it reports running until it ends, and, left idle after its batches, its engine
+//! giving back what it keeps cached: once per idle spell, never before a batch has run (the load released what the
+//! warm-up left), never with `release_after_idle_ms = 0`. What is checked not to happen is checked after many
+//! times the idle period, so a slow machine cannot fail it.
 
 use super::*;
 
@@ -50,18 +51,39 @@ async fn an_idle_worker_releases_its_engines_cached_memory_once_per_idle_spell()
 
 #[tokio::test]
 async fn nothing_is_released_before_the_idle_period_has_passed() {
-    let f = fixture(BatchingConfig { release_after_idle_ms: 60_000, ..batched(8) }, true);
-    let mut released = releases(&f.gate);
-    f.batcher.infer(rows(&[1.0], 1)).await.expect("answered");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(released.try_recv().is_err(), "released a minute early");
+    assert_no_release_after_a_batch(60_000, "released a minute early").await;
 }
 
 #[tokio::test]
 async fn zero_keeps_the_cached_memory() {
-    let f = fixture(BatchingConfig { release_after_idle_ms: 0, ..batched(8) }, true);
+    assert_no_release_after_a_batch(0, "released with release_after_idle_ms = 0").await;
+}
+
+/// With `release_after_idle_ms`, one batch and then 300 ms of idleness release nothing.
+async fn assert_no_release_after_a_batch(release_after_idle_ms: u64, why: &str) {
+    let f = fixture(BatchingConfig { release_after_idle_ms, ..batched(8) }, true);
     let mut released = releases(&f.gate);
     f.batcher.infer(rows(&[1.0], 1)).await.expect("answered");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(released.try_recv().is_err(), "released with release_after_idle_ms = 0");
+    assert!(released.try_recv().is_err(), "{why}");
+}
+
+#[tokio::test]
+async fn a_long_running_batch_is_reported_until_it_ends() {
+    let f = fixture(batched(8), false);
+    assert_eq!(f.batcher.longest_running(), None, "idle");
+    let running = hold_worker(&f, 0.0).await;
+    let first = f.batcher.longest_running().expect("a batch runs");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(f.batcher.longest_running().expect("still running") >= first + Duration::from_millis(20));
+    f.gate.open();
+    running.await.expect("task").expect("answered");
+    // The worker clears its mark before it waits for the next batch.
+    for _ in 0..100 {
+        if f.batcher.longest_running().is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("the finished batch is still reported as running");
 }
