@@ -86,7 +86,7 @@ save_file({k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in w
           metadata={"format": "pt", "inferd": "all-MiniLM-L6-v2 in FP16 for the GPU bundle"})
 PY
 cp tests/data/digits_heldout.json "$STAGE/data/"
-cp scripts/gpu-check.sh scripts/gpu_check.py "$STAGE/"
+cp scripts/gpu-check.sh scripts/gpu_check.py scripts/gpu_machine.py "$STAGE/"
 {
     echo "inferd GPU bundle"
     echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
