@@ -5,6 +5,7 @@ mod config;
 mod dtype;
 mod engine;
 mod error;
+mod host;
 mod tensor;
 pub mod text;
 mod warmup;
@@ -18,6 +19,7 @@ pub use config::{
 pub use dtype::{DataType, Element, UnknownDataType};
 pub use engine::{Engine, ModelMetadata};
 pub use error::{Error, Result};
+pub use host::HostMemory;
 pub use tensor::{element_count, Tensor, TensorData};
 pub use warmup::WarmUp;
 
