@@ -75,6 +75,8 @@ pub(crate) struct Stored {
     pub(crate) weight_bytes: u64,
     /// Bytes of narrow initializers that a `Cast` widens: what constant folding would widen once and keep.
     pub(crate) widened_bytes: u64,
+    /// Whether some initializer's data is in another file.
+    pub(crate) external: bool,
 }
 
 /// Reads what `file`'s graph stores; `None` where the file is not an ONNX model this can read (ONNX Runtime then
@@ -95,6 +97,7 @@ fn summarise(graph: &GraphProto) -> Stored {
     for tensor in &graph.initializer {
         let bytes = tensor_bytes(tensor);
         stored.weight_bytes = stored.weight_bytes.saturating_add(bytes);
+        stored.external |= tensor.data_location == 1;
         if NARROW_TYPES.contains(&tensor.data_type) && cast.contains(tensor.name.as_str()) {
             stored.widened_bytes = stored.widened_bytes.saturating_add(bytes);
         }
@@ -156,7 +159,12 @@ mod tests {
             node: vec![node("Cast", &["w8"]), node("MatMul", &["x", "w32"]), node("MatMul", &["x", "q8"])],
             initializer: vec![tensor("w8", 3, &[1000, 10]), tensor("w32", 1, &[10, 10]), tensor("q8", 3, &[7])],
         };
-        assert_eq!(summarise(&graph), Stored { weight_bytes: 10_000 + 400 + 7, widened_bytes: 10_000 });
+        let stored = Stored { weight_bytes: 10_000 + 400 + 7, widened_bytes: 10_000, external: false };
+        assert_eq!(summarise(&graph), stored);
+        // One initializer's data in another file marks the graph.
+        let mut graph = graph;
+        graph.initializer[1].data_location = 1;
+        assert_eq!(summarise(&graph), Stored { external: true, ..stored });
     }
 
     #[test]
@@ -178,7 +186,7 @@ mod tests {
         };
         // The node whose attributes are not an AttributeProto counts as nothing; a Constant is never counted as
         // widened, whatever reads it.
-        assert_eq!(summarise(&graph), Stored { weight_bytes: 10_000 + 400 + 40, widened_bytes: 0 });
+        assert_eq!(summarise(&graph), Stored { weight_bytes: 10_000 + 400 + 40, widened_bytes: 0, external: false });
     }
 
     #[test]
@@ -187,7 +195,7 @@ mod tests {
         let path = dir.path().join("m.onnx");
         let graph = GraphProto { node: vec![node("Cast", &["h"])], initializer: vec![tensor("h", 10, &[3, 5])] };
         std::fs::write(&path, ModelProto { graph: Some(graph) }.encode_to_vec()).expect("write");
-        assert_eq!(stored(&path), Some(Stored { weight_bytes: 30, widened_bytes: 30 }));
+        assert_eq!(stored(&path), Some(Stored { weight_bytes: 30, widened_bytes: 30, external: false }));
         std::fs::write(&path, [0xff, 0xff, 0xff]).expect("write");
         assert_eq!(stored(&path), None);
         assert_eq!(stored(&dir.path().join("absent.onnx")), None);

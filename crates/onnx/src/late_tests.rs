@@ -1,4 +1,5 @@
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use inferd_core::{Engine, ModelConfig, Precision, Tensor};
 use ort::session::{Session, SessionInputValue};
@@ -326,6 +327,69 @@ fn the_bundled_int8_minilm_answers_the_same_to_the_bit_when_rewritten() {
     assert!(stored.iter().all(|v| v.is_finite()));
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     assert!(bits(&stored) == bits(&late), "the rewritten graph's states differ from the stored graph's");
+    // The session a busy model moves to (crate::busy) folds the widening away: the same states but for the
+    // order of the matrix products' sums.
+    let folded =
+        hidden(Session::builder(&runtime.environment).expect("builder").commit_from_file(&file).expect("session"));
+    let worst = folded.iter().zip(&late).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst < 1e-4, "the folded session's states differ from the narrow one's by up to {worst}");
+}
+
+/// A model with narrow weights on the CPU moves its batches to a session that widened them once it is busy, gets
+/// the same rows there, and moves back when it goes idle; `[onnx] fold_constants` set either way keeps one session.
+#[test]
+fn a_busy_model_with_narrow_weights_moves_to_a_widened_session_and_back_when_idle() {
+    let ids = [4i64, 0, 2, 4, -1, 3];
+    let expected = expected_rows(&ids, |row, _| ROW_SCALES[row]);
+    let run = |engine: &mut OnnxEngine| -> Vec<f32> {
+        let out = engine.run(&[Tensor::from_slice(vec![ids.len()], &ids).expect("ids")]).expect("run");
+        out[0].to_vec::<f32>().expect("f32")
+    };
+    // The file is gone by the time the wide session is built (its folder is dropped here): it is built from the
+    // handle held since the load.
+    let load = |extra: &str| {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("model.onnx"), lookup_model(&ROW_SCALES, &[5, 1]).encode_to_vec())
+            .expect("write");
+        let text = format!("backend = \"onnx\"\nfile = \"model.onnx\"\ndevice = \"cpu\"\n{extra}");
+        let config = ModelConfig::parse("lookup", dir.path(), &text).expect("config");
+        OnnxEngine::load(&config, &settings(), Precision::Fp32).expect("load")
+    };
+    let mut engine = load("");
+    let wide = |engine: &OnnxEngine| engine.busy.as_ref().expect("narrow weights on the CPU").is_wide();
+    engine.busy.as_mut().expect("narrow weights on the CPU").busy_for = Duration::ZERO;
+    assert_eq!(run(&mut engine), expected, "the first batch, on the narrow session, asks for the wide one");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !wide(&engine) {
+        assert!(Instant::now() < deadline, "the wide session was never built");
+        std::thread::sleep(Duration::from_millis(1));
+        assert_eq!(run(&mut engine), expected);
+    }
+    assert_eq!(run(&mut engine), expected, "on the wide session");
+    engine.release_cached_memory();
+    assert!(!wide(&engine), "idle: the wide session is dropped");
+    assert_eq!(run(&mut engine), expected, "on the narrow session again");
+    for extra in ["[onnx]\nfold_constants = false\n", "[onnx]\nfold_constants = true\n"] {
+        let mut engine = load(extra);
+        assert!(engine.busy.is_none(), "{extra}");
+        assert_eq!(run(&mut engine), expected, "{extra}");
+    }
+    // A file written over in place after the load is another model: the batches stay on the session as loaded.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("model.onnx");
+    std::fs::write(&path, lookup_model(&ROW_SCALES, &[5, 1]).encode_to_vec()).expect("write");
+    let text = "backend = \"onnx\"\nfile = \"model.onnx\"\ndevice = \"cpu\"\n";
+    let config = ModelConfig::parse("lookup", dir.path(), text).expect("config");
+    let mut engine = OnnxEngine::load(&config, &settings(), Precision::Fp32).expect("load");
+    std::fs::write(&path, lookup_model(&ROW_SCALES.map(|s| 2.0 * s), &[5, 1]).encode_to_vec()).expect("write over");
+    engine.busy.as_mut().expect("narrow weights on the CPU").busy_for = Duration::ZERO;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !engine.busy.as_ref().expect("busy").has_failed() {
+        assert!(Instant::now() < deadline, "the changed file was never refused");
+        assert!(!wide(&engine));
+        std::thread::sleep(Duration::from_millis(1));
+        assert_eq!(run(&mut engine), expected);
+    }
 }
 
 /// A session with its own pool (`[onnx] intra_op_threads`) beside sessions on the shared one: both load and give

@@ -2,6 +2,7 @@
 //! and TensorRT execution providers.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use inferd_core::text::{pool, TextSettings, ATTENTION_MASK, EMBEDDING_OUTPUT, INPUT_IDS, LOGITS_OUTPUT, TOKEN_INPUTS};
 use inferd_core::{
@@ -12,10 +13,12 @@ use ort::ep::{self, ExecutionProvider};
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, TensorElementType, ValueType};
 
+mod busy;
 mod graph;
 mod late;
 mod session;
 
+use crate::busy::{Busy, HeldFile, OpenWide};
 use crate::session::{fold_constants, open_session, runtime, tensorrt_fp16, Placement, SessionOptions};
 
 /// How ONNX models are loaded: the server's settings that are not in `model.toml`.
@@ -41,6 +44,8 @@ pub struct OnnxEngine {
     weight_bytes: Option<u64>,
     /// A text model: which graph output holds its embeddings (or logits), and how to pool them.
     text: Option<TextGraph>,
+    /// A graph with narrow weights on the CPU: the session that widened them, while the model is busy.
+    busy: Option<Busy>,
 }
 
 /// How a text graph's output becomes one embedding per sequence.
@@ -81,8 +86,14 @@ impl OnnxEngine {
                 }
             },
         };
-        let bytes = std::fs::read(&config.file).ok();
+        // Read through a handle kept open for a busy model's wide session (see `busy`).
+        let mut file = std::fs::File::open(&config.file).ok();
+        let bytes = file.as_mut().and_then(|f| {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(f, &mut bytes).ok().map(|_| bytes)
+        });
         let stored = bytes.as_deref().and_then(graph::stored_in);
+        let held = file.zip(bytes.as_deref()).map(|(file, bytes)| HeldFile::new(file, bytes));
         let fold_constants = fold_constants(config, stored);
         // Without folding, a narrow table is widened on every run: only the rows a batch reads are, instead.
         let rewritten = bytes.filter(|_| !fold_constants).and_then(|bytes| late::gather_before_widening(&bytes));
@@ -128,6 +139,25 @@ impl OnnxEngine {
             Placement::Cpu => "cpu".to_owned(),
             Placement::Gpu { device, .. } => format!("cuda:{device}"),
         };
+        // Narrow weights kept narrow by default: widened once, in a second session, while the model is busy. On a
+        // GPU, widening is a small part of a batch.
+        let narrow_bytes = stored.filter(|s| !s.external).map_or(0, |s| s.widened_bytes);
+        let busy =
+            held.filter(|_| placement == Placement::Cpu && config.onnx.fold_constants.is_none() && narrow_bytes > 0);
+        let busy = busy.map(|held| {
+            let wide_config = config.clone();
+            let open: OpenWide = Arc::new(move || {
+                let bytes = held.bytes()?;
+                let options = SessionOptions {
+                    own_threads: wide_config.onnx.intra_op_threads,
+                    fold_constants: true,
+                    default_precision,
+                    model: Some(&bytes),
+                };
+                open_session(runtime, &wide_config, &options, Placement::Cpu)
+            });
+            Busy::new(&config.name, narrow_bytes, open)
+        });
         let (text, text_graph) = match config.task {
             Task::Tensors => (None, None),
             task => {
@@ -149,7 +179,24 @@ impl OnnxEngine {
             weight_bytes: stored.map(|s| s.weight_bytes),
             metadata: ModelMetadata { inputs, outputs, device, precision, platform: "onnxruntime_onnx", text },
             text: text_graph,
+            busy,
         })
+    }
+
+    /// Runs `batch` on the session that takes batches now (see [`Busy`]), and counts it into the model's busy spell.
+    fn on_session<T>(
+        &mut self,
+        batch: impl FnOnce(&mut Session, &ModelMetadata, Option<&TextGraph>) -> Result<T>,
+    ) -> Result<T> {
+        let session = match self.busy.as_mut().and_then(Busy::before_batch) {
+            Some(wide) => wide,
+            None => &mut self.session,
+        };
+        let result = batch(session, &self.metadata, self.text.as_ref());
+        if let Some(busy) = &mut self.busy {
+            busy.after_batch();
+        }
+        result
     }
 }
 
@@ -351,24 +398,34 @@ impl Engine for OnnxEngine {
         self.weight_bytes
     }
 
-    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-        let values = session_inputs(&self.metadata.inputs, inputs)?;
-        let outputs = self.session.run(values).map_err(run_error)?;
-        if let Some(graph) = &self.text {
-            let value = output_of(&outputs, &graph.output.name)?;
-            return Ok(vec![embeddings(graph, value, &inputs[graph.mask])?]);
+    fn release_cached_memory(&mut self) {
+        if let Some(busy) = &mut self.busy {
+            busy.release();
         }
-        self.metadata.outputs.iter().map(|spec| from_ort(spec, output_of(&outputs, &spec.name)?)).collect()
+    }
+
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        self.on_session(|session, metadata, text| {
+            let values = session_inputs(&metadata.inputs, inputs)?;
+            let outputs = session.run(values).map_err(run_error)?;
+            if let Some(graph) = text {
+                let value = output_of(&outputs, &graph.output.name)?;
+                return Ok(vec![embeddings(graph, value, &inputs[graph.mask])?]);
+            }
+            metadata.outputs.iter().map(|spec| from_ort(spec, output_of(&outputs, &spec.name)?)).collect()
+        })
     }
 
     fn run_hidden(&mut self, inputs: &[Tensor]) -> Result<Tensor> {
         let Some(spec) = self.text.as_ref().and_then(|g| g.hidden.clone()) else {
             return Err(Error::Unsupported("this model's graph gives no per-token states".into()));
         };
-        let values = session_inputs(&self.metadata.inputs, inputs)?;
-        let outputs = self.session.run(values).map_err(run_error)?;
-        let states = from_ort(&spec, output_of(&outputs, &spec.name)?)?;
-        Tensor::from_slice(states.shape().to_vec(), &f32_values(&states)?)
+        self.on_session(|session, metadata, _| {
+            let values = session_inputs(&metadata.inputs, inputs)?;
+            let outputs = session.run(values).map_err(run_error)?;
+            let states = from_ort(&spec, output_of(&outputs, &spec.name)?)?;
+            Tensor::from_slice(states.shape().to_vec(), &f32_values(&states)?)
+        })
     }
 }
 

@@ -95,7 +95,8 @@ pub(crate) fn fold_constants(config: &ModelConfig, stored: Option<graph::Stored>
                 model = %config.name,
                 narrow_weight_bytes = widened,
                 "the graph stores weights narrower than it computes with them: constant folding is off, so that \
-                 they stay stored narrow (set [onnx] fold_constants = true to widen them once at load instead)"
+                 they stay narrow at rest; on the CPU a busy model widens them once, in a second session, until it \
+                 is idle ([onnx] fold_constants = false: never; true: at load)"
             );
         }
         widened == 0
@@ -170,11 +171,11 @@ pub(crate) fn open_session(
         providers.push(cpu);
         builder = builder.with_execution_providers(providers).map_err(|e| fail(&e))?;
     }
-    if !config.file.is_file() {
-        return Err(Error::config(&config.file, "the model file named by `file` does not exist"));
-    }
     match model {
         Some(bytes) => builder.commit_from_memory(bytes),
+        None if !config.file.is_file() => {
+            return Err(Error::config(&config.file, "the model file named by `file` does not exist"))
+        }
         None => builder.commit_from_file(&config.file),
     }
     .map_err(|e| fail(&format!("cannot load {}: {e}", config.file.display())))

@@ -23,6 +23,8 @@ pub struct OnnxOptions {
     pub cpu_arena: bool,
     /// Constant folding at load. Default: on, except where the graph stores weights narrower than it computes
     /// with them (int8 or fp16 weights a `Cast` widens), which folding would keep widened: 4x the memory of int8.
+    /// Such a model on the CPU gets a folded second session while it is busy, dropped when it goes idle; `false`
+    /// keeps its weights narrow always, `true` folds at load.
     pub fold_constants: Option<bool>,
     /// The most device memory (bytes) the CUDA execution provider's arena may take for this model's session.
     pub gpu_mem_limit: Option<u64>,
