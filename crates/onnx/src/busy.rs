@@ -9,7 +9,8 @@
 use std::fs::File;
 use std::hash::{Hash, Hasher};
 use std::os::unix::fs::FileExt;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,19 @@ pub(crate) const BUSY_FOR: Duration = Duration::from_secs(1);
 /// The wide session is built only where the host has this many times the narrow weights' bytes available: widened
 /// to FP32 (up to 4x), and twice that while ONNX Runtime folds and packs them.
 pub(crate) const ROOM_PER_NARROW_BYTE: u64 = 8;
+/// A model refused for want of room asks again after this long, if it is still busy.
+pub(crate) const ROOM_RETRY: Duration = Duration::from_secs(10);
+
+/// Set while some model's wide session is being built: one at a time in the process, so that the room each build
+/// reads is not promised to another at once (a burst reaches every instance and model together).
+static BUILDING: LazyLock<Arc<AtomicBool>> = LazyLock::new(|| Arc::new(AtomicBool::new(false)));
+
+/// The host memory available, in bytes; `None` where it cannot be read.
+pub(crate) type RoomReader = fn() -> Option<u64>;
+
+fn host_room() -> Option<u64> {
+    HostMemory::read().map(|host| host.available)
+}
 
 /// The model file as it loaded, held open: the wide session is built from the same bytes even where the file has
 /// since been removed or renamed over, and not at all where it was written over in place.
@@ -68,8 +82,10 @@ pub(crate) struct Busy {
     open: OpenWide,
     model: String,
     narrow_bytes: u64,
-    /// [`BUSY_FOR`], but for tests.
+    /// [`BUSY_FOR`], the process's build flag and the host's room, but for tests.
     pub(crate) busy_for: Duration,
+    pub(crate) building: Arc<AtomicBool>,
+    pub(crate) room: RoomReader,
     /// When the current busy spell began, and when its last batch ended.
     spell: Option<(Instant, Instant)>,
     wide: Wide,
@@ -79,15 +95,24 @@ enum Wide {
     None,
     Building(JoinHandle<Result<Session>>),
     Ready(Session),
-    /// The host had no room for it: not tried again before the model goes idle.
-    NoRoom,
+    /// The host had no room for it at this time: asked again [`ROOM_RETRY`] later.
+    NoRoom(Instant),
     /// It could not be built: never tried again.
     Failed,
 }
 
 impl Busy {
     pub(crate) fn new(model: &str, narrow_bytes: u64, open: OpenWide) -> Busy {
-        Busy { open, model: model.to_owned(), narrow_bytes, busy_for: BUSY_FOR, spell: None, wide: Wide::None }
+        Busy {
+            open,
+            model: model.to_owned(),
+            narrow_bytes,
+            busy_for: BUSY_FOR,
+            building: Arc::clone(&BUILDING),
+            room: host_room,
+            spell: None,
+            wide: Wide::None,
+        }
     }
 
     /// Before a batch: counts it into the busy spell, starts building the wide session once the spell is long
@@ -102,11 +127,13 @@ impl Busy {
             _ => now,
         };
         self.spell = Some((since, now));
-        if matches!(&self.wide, Wide::Building(handle) if handle.is_finished()) {
-            self.finish_building();
+        match &self.wide {
+            Wide::Building(handle) if handle.is_finished() => self.finish_building(),
+            Wide::NoRoom(at) if now.saturating_duration_since(*at) >= ROOM_RETRY => self.wide = Wide::None,
+            _ => {}
         }
         if matches!(self.wide, Wide::None) && now.saturating_duration_since(since) >= self.busy_for {
-            self.start_building();
+            self.start_building(now);
         }
         match &mut self.wide {
             Wide::Ready(session) => Some(session),
@@ -135,7 +162,7 @@ impl Busy {
                 tracing::info!(model = %self.model, "idle: the session with widened weights is dropped");
             }
             Wide::Failed => self.wide = Wide::Failed,
-            Wide::None | Wide::NoRoom => {}
+            Wide::None | Wide::NoRoom(_) => {}
         }
     }
 
@@ -151,21 +178,30 @@ impl Busy {
         matches!(self.wide, Wide::Failed)
     }
 
-    fn start_building(&mut self) {
+    fn start_building(&mut self, now: Instant) {
+        // Another build under way: this one waits for a later batch.
+        if self.building.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return;
+        }
+        let done = Done(Arc::clone(&self.building));
         let needed = self.narrow_bytes.saturating_mul(ROOM_PER_NARROW_BYTE);
-        if let Some(host) = HostMemory::read().filter(|host| host.available < needed) {
+        if let Some(available) = (self.room)().filter(|&available| available < needed) {
             tracing::info!(
                 model = %self.model,
                 needed_bytes = needed,
-                available_bytes = host.available,
+                available_bytes = available,
                 "busy, but the host has no room to widen the narrow weights: batches keep widening them as they run"
             );
-            self.wide = Wide::NoRoom;
+            self.wide = Wide::NoRoom(now);
             return;
         }
         tracing::info!(model = %self.model, "busy: building a session with the narrow weights widened once");
         let open = Arc::clone(&self.open);
-        self.wide = match std::thread::Builder::new().name("inferd-widen".into()).spawn(move || open()) {
+        let build = move || {
+            let _done = done;
+            open()
+        };
+        self.wide = match std::thread::Builder::new().name("inferd-widen".into()).spawn(build) {
             Ok(handle) => Wide::Building(handle),
             Err(e) => {
                 tracing::warn!(model = %self.model, error = %e, "cannot start a thread to widen the narrow weights");
@@ -193,23 +229,58 @@ impl Busy {
     }
 }
 
+impl Drop for Busy {
+    /// An engine dropped (its model unloaded or replaced) while its wide session is built waits for the build, so
+    /// that the memory is back before a model loads in its place.
+    fn drop(&mut self) {
+        if let Wide::Building(handle) = std::mem::replace(&mut self.wide, Wide::None) {
+            drop(handle.join());
+        }
+    }
+}
+
+/// Clears the process's build flag when a build ends, however it ends.
+struct Done(Arc<AtomicBool>);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    use inferd_core::Error;
+    use std::sync::atomic::AtomicUsize;
 
     use super::*;
 
-    /// A `Busy` whose wide session never builds, and how many times it was asked to.
-    fn failing() -> (Busy, Arc<AtomicUsize>) {
-        let builds = Arc::new(AtomicUsize::new(0));
-        let counted = Arc::clone(&builds);
+    /// A `Busy` whose wide session never builds, with a build flag of its own and room enough; how many times it
+    /// was asked to build; and a flag that holds each build until it is set.
+    fn failing_held() -> (Busy, Arc<AtomicUsize>, Arc<AtomicBool>) {
+        let (builds, proceed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(true)));
+        let (counted, go) = (Arc::clone(&builds), Arc::clone(&proceed));
         let open: OpenWide = Arc::new(move || {
             counted.fetch_add(1, Ordering::SeqCst);
+            while !go.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
             Err(Error::Engine("no session in this test".into()))
         });
-        (Busy::new("test", 1, open), builds)
+        let mut busy = Busy::new("test", 1, open);
+        busy.building = Arc::new(AtomicBool::new(false));
+        busy.room = || Some(1 << 40);
+        (busy, builds, proceed)
+    }
+
+    fn failing() -> (Busy, Arc<AtomicUsize>) {
+        let (busy, builds, _) = failing_held();
+        (busy, builds)
+    }
+
+    fn wait_for_the_build(busy: &Busy) {
+        while matches!(&busy.wide, Wide::Building(handle) if !handle.is_finished()) {
+            std::thread::yield_now();
+        }
     }
 
     /// A batch from `start` to `end` milliseconds after `base`.
@@ -234,9 +305,7 @@ mod tests {
         let next = 2 * busy_for + gap;
         batch(&mut busy, base, next, next + 10);
         assert!(matches!(busy.wide, Wide::Building(_)), "asked for at the batch that starts BUSY_FOR into the spell");
-        while matches!(&busy.wide, Wide::Building(handle) if !handle.is_finished()) {
-            std::thread::yield_now();
-        }
+        wait_for_the_build(&busy);
         // The failure is found at the next batch, and nothing asks again: not more load, not an idle spell.
         batch(&mut busy, base, next + 20, next + 30);
         assert!(matches!(busy.wide, Wide::Failed));
@@ -258,5 +327,43 @@ mod tests {
         batch(&mut busy, base, busy_for, busy_for + 1);
         assert!(matches!(busy.wide, Wide::None));
         assert_eq!(builds.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn one_build_at_a_time_in_the_process_and_none_without_room() {
+        let (mut busy, builds, proceed) = failing_held();
+        let base = Instant::now();
+        let busy_for = BUSY_FOR.as_millis() as u64;
+        proceed.store(false, Ordering::SeqCst);
+        // Another model's build under way: this one waits, and asks at a later batch once it is over.
+        busy.building.store(true, Ordering::SeqCst);
+        batch(&mut busy, base, 0, busy_for);
+        batch(&mut busy, base, busy_for, busy_for + 10);
+        assert!(matches!(busy.wide, Wide::None));
+        busy.building.store(false, Ordering::SeqCst);
+        batch(&mut busy, base, busy_for + 10, busy_for + 20);
+        assert!(matches!(busy.wide, Wide::Building(_)));
+        assert!(busy.building.load(Ordering::SeqCst), "the flag is held while it builds");
+        // Released while it builds: the build is waited for, and its flag cleared.
+        proceed.store(true, Ordering::SeqCst);
+        busy.release();
+        assert!(matches!(busy.wide, Wide::None));
+        assert!(!busy.building.load(Ordering::SeqCst));
+        assert_eq!(builds.load(Ordering::SeqCst), 1);
+        // No room: nothing built, and asked again ROOM_RETRY later if still busy.
+        busy.room = || Some(7);
+        let start = 10 * busy_for;
+        batch(&mut busy, base, start, start + busy_for);
+        batch(&mut busy, base, start + busy_for, start + busy_for + 10);
+        assert!(matches!(busy.wide, Wide::NoRoom(_)));
+        assert!(!busy.building.load(Ordering::SeqCst));
+        busy.room = || Some(1 << 40);
+        let retry = ROOM_RETRY.as_millis() as u64;
+        batch(&mut busy, base, start + busy_for + 20, start + busy_for + retry);
+        assert!(matches!(busy.wide, Wide::NoRoom(_)), "not before ROOM_RETRY");
+        batch(&mut busy, base, start + busy_for + retry + 10, start + busy_for + retry + 20);
+        assert!(matches!(busy.wide, Wide::Building(_)), "asked again ROOM_RETRY later");
+        wait_for_the_build(&busy);
+        assert_eq!(builds.load(Ordering::SeqCst), 2);
     }
 }

@@ -345,17 +345,9 @@ fn a_busy_model_with_narrow_weights_moves_to_a_widened_session_and_back_when_idl
         let out = engine.run(&[Tensor::from_slice(vec![ids.len()], &ids).expect("ids")]).expect("run");
         out[0].to_vec::<f32>().expect("f32")
     };
-    // The file is gone by the time the wide session is built (its folder is dropped here): it is built from the
+    // The file is gone by the time the wide session is built (its folder dropped at once): it is built from the
     // handle held since the load.
-    let load = |extra: &str| {
-        let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::write(dir.path().join("model.onnx"), lookup_model(&ROW_SCALES, &[5, 1]).encode_to_vec())
-            .expect("write");
-        let text = format!("backend = \"onnx\"\nfile = \"model.onnx\"\ndevice = \"cpu\"\n{extra}");
-        let config = ModelConfig::parse("lookup", dir.path(), &text).expect("config");
-        OnnxEngine::load(&config, &settings(), Precision::Fp32).expect("load")
-    };
-    let mut engine = load("");
+    let mut engine = lookup_engine(&ROW_SCALES, "").2;
     let wide = |engine: &OnnxEngine| engine.busy.as_ref().expect("narrow weights on the CPU").is_wide();
     engine.busy.as_mut().expect("narrow weights on the CPU").busy_for = Duration::ZERO;
     assert_eq!(run(&mut engine), expected, "the first batch, on the narrow session, asks for the wide one");
@@ -369,19 +361,20 @@ fn a_busy_model_with_narrow_weights_moves_to_a_widened_session_and_back_when_idl
     engine.release_cached_memory();
     assert!(!wide(&engine), "idle: the wide session is dropped");
     assert_eq!(run(&mut engine), expected, "on the narrow session again");
-    for extra in ["[onnx]\nfold_constants = false\n", "[onnx]\nfold_constants = true\n"] {
-        let mut engine = load(extra);
+    // Folding set either way, or a model never released when idle: one session.
+    for extra in [
+        "[onnx]\nfold_constants = false\n",
+        "[onnx]\nfold_constants = true\n",
+        "[batching]\nrelease_after_idle_ms = 0\n",
+    ] {
+        let (_dir, _, mut engine) = lookup_engine(&ROW_SCALES, extra);
         assert!(engine.busy.is_none(), "{extra}");
         assert_eq!(run(&mut engine), expected, "{extra}");
     }
     // A file written over in place after the load is another model: the batches stay on the session as loaded.
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("model.onnx");
-    std::fs::write(&path, lookup_model(&ROW_SCALES, &[5, 1]).encode_to_vec()).expect("write");
-    let text = "backend = \"onnx\"\nfile = \"model.onnx\"\ndevice = \"cpu\"\n";
-    let config = ModelConfig::parse("lookup", dir.path(), text).expect("config");
-    let mut engine = OnnxEngine::load(&config, &settings(), Precision::Fp32).expect("load");
-    std::fs::write(&path, lookup_model(&ROW_SCALES.map(|s| 2.0 * s), &[5, 1]).encode_to_vec()).expect("write over");
+    let (dir, _, mut engine) = lookup_engine(&ROW_SCALES, "");
+    let other = lookup_model(&ROW_SCALES.map(|s| 2.0 * s), &[5, 1]).encode_to_vec();
+    std::fs::write(dir.path().join("model.onnx"), other).expect("write over");
     engine.busy.as_mut().expect("narrow weights on the CPU").busy_for = Duration::ZERO;
     let deadline = Instant::now() + Duration::from_secs(60);
     while !engine.busy.as_ref().expect("busy").has_failed() {
@@ -392,6 +385,17 @@ fn a_busy_model_with_narrow_weights_moves_to_a_widened_session_and_back_when_idl
     }
 }
 
+/// The lookup model with `scales` per row, loaded on the CPU with `extra` lines of `model.toml`, its folder and its
+/// configuration.
+fn lookup_engine(scales: &[f32], extra: &str) -> (tempfile::TempDir, ModelConfig, OnnxEngine) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("model.onnx"), lookup_model(scales, &[5, 1]).encode_to_vec()).expect("write");
+    let text = format!("backend = \"onnx\"\nfile = \"model.onnx\"\ndevice = \"cpu\"\n{extra}");
+    let config = ModelConfig::parse("lookup", dir.path(), &text).expect("config");
+    let engine = OnnxEngine::load(&config, &settings(), Precision::Fp32).expect("load");
+    (dir, config, engine)
+}
+
 /// A session with its own pool (`[onnx] intra_op_threads`) beside sessions on the shared one: both load and give
 /// the same rows.
 #[test]
@@ -400,13 +404,8 @@ fn a_model_with_threads_of_its_own_answers_as_one_on_the_shared_pool() {
     let answers: Vec<Vec<f32>> = ["", "[onnx]\nintra_op_threads = 2\n"]
         .iter()
         .map(|extra| {
-            let dir = tempfile::tempdir().expect("temp dir");
-            std::fs::write(dir.path().join("model.onnx"), lookup_model(&ROW_SCALES, &[5, 1]).encode_to_vec())
-                .expect("write");
-            let text = format!("backend = \"onnx\"\nfile = \"model.onnx\"\ndevice = \"cpu\"\n{extra}");
-            let config = ModelConfig::parse("lookup", dir.path(), &text).expect("config");
+            let (_dir, config, mut engine) = lookup_engine(&ROW_SCALES, extra);
             assert_eq!(config.onnx.intra_op_threads, (!extra.is_empty()).then_some(2));
-            let mut engine = OnnxEngine::load(&config, &settings(), Precision::Fp32).expect("load");
             let out = engine.run(&[Tensor::from_slice(vec![ids.len()], &ids).expect("ids")]).expect("run");
             out[0].to_vec::<f32>().expect("f32")
         })

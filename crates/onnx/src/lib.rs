@@ -93,7 +93,15 @@ impl OnnxEngine {
             std::io::Read::read_to_end(f, &mut bytes).ok().map(|_| bytes)
         });
         let stored = bytes.as_deref().and_then(graph::stored_in);
-        let held = file.zip(bytes.as_deref()).map(|(file, bytes)| HeldFile::new(file, bytes));
+        // Narrow weights kept narrow by default are widened once, in a second session, while the model is busy on
+        // the CPU (on a GPU widening is a small part of a batch), and given back when it is idle: not where it never
+        // is (`release_after_idle_ms = 0`), nor where the weights are in files beside the graph.
+        let narrow_bytes = stored.filter(|s| !s.external).map_or(0, |s| s.widened_bytes);
+        let may_widen = narrow_bytes > 0
+            && config.onnx.fold_constants.is_none()
+            && config.batching.release_after_idle_ms > 0
+            && !matches!(placement, Placement::Gpu { required: true, .. });
+        let held = file.zip(bytes.as_deref()).filter(|_| may_widen).map(|(file, bytes)| HeldFile::new(file, bytes));
         let fold_constants = fold_constants(config, stored);
         // Without folding, a narrow table is widened on every run: only the rows a batch reads are, instead.
         let rewritten = bytes.filter(|_| !fold_constants).and_then(|bytes| late::gather_before_widening(&bytes));
@@ -139,21 +147,12 @@ impl OnnxEngine {
             Placement::Cpu => "cpu".to_owned(),
             Placement::Gpu { device, .. } => format!("cuda:{device}"),
         };
-        // Narrow weights kept narrow by default: widened once, in a second session, while the model is busy. On a
-        // GPU, widening is a small part of a batch.
-        let narrow_bytes = stored.filter(|s| !s.external).map_or(0, |s| s.widened_bytes);
-        let busy =
-            held.filter(|_| placement == Placement::Cpu && config.onnx.fold_constants.is_none() && narrow_bytes > 0);
-        let busy = busy.map(|held| {
-            let wide_config = config.clone();
+        let busy = held.filter(|_| placement == Placement::Cpu).map(|held| {
+            let (wide_config, options) =
+                (config.clone(), SessionOptions { fold_constants: true, model: None, ..options });
             let open: OpenWide = Arc::new(move || {
                 let bytes = held.bytes()?;
-                let options = SessionOptions {
-                    own_threads: wide_config.onnx.intra_op_threads,
-                    fold_constants: true,
-                    default_precision,
-                    model: Some(&bytes),
-                };
+                let options = SessionOptions { model: Some(&bytes), ..options };
                 open_session(runtime, &wide_config, &options, Placement::Cpu)
             });
             Busy::new(&config.name, narrow_bytes, open)
