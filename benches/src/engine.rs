@@ -131,19 +131,19 @@ const RERANK_PASSAGES: usize = 20;
 fn tokenize(config: &ModelConfig, metadata: &ModelMetadata) -> anyhow::Result<Vec<Vec<Tensor>>> {
     use crate::texts::{rerank_request, SENTENCES};
     let task = inferd_models::task::for_model(config, metadata)?;
-    let input = match config.task {
-        inferd_core::Task::Rerank => {
+    let texts = match inferd_models::registration(config).service {
+        inferd_models::Service::Rerank => {
             let pairs = (0..SENTENCES.len())
                 .flat_map(|b| {
                     let (query, passages) = rerank_request(b, RERANK_PASSAGES);
                     passages.into_iter().map(move |p| (query.to_owned(), p.to_owned()))
                 })
                 .collect();
-            Input::Score(TextInput::new(Texts::Pairs(pairs)))
+            Texts::Pairs(pairs)
         }
-        _ => Input::Text(TextInput::new(Texts::Strings(SENTENCES.iter().map(|s| (*s).to_owned()).collect()))),
+        _ => Texts::Strings(SENTENCES.iter().map(|s| (*s).to_owned()).collect()),
     };
-    let request = Request::new(input);
+    let request = Request::new(Input::Texts(TextInput::new(texts)));
     let prepared = task.prepare(request, usize::MAX).map_err(|e| anyhow::anyhow!("{e}"))?;
     prepared.into_sequences().ok_or_else(|| anyhow::anyhow!("a text model's request holds sequences"))
 }

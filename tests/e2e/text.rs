@@ -175,6 +175,10 @@ async fn every_bad_text_input_gets_a_clear_4xx() {
         ("/embed", json!({ "inputs": [[101, 999_999, 102]] }), 400, "outside the model's vocabulary of 30522"),
         ("/embed", json!({ "inputs": [[]] }), 400, "token list 0 is empty"),
         ("/embed", json!({ "inputs": [[-1]] }), 400, "invalid embed request"),
+        ("/embed", json!({ "inputs": "a", "dimensions": 0 }), 400, "dimensions: must be at least 1"),
+        ("/embed", json!({ "inputs": "a", "dimensions": 385 }), 400, "cannot lengthen them to 385"),
+        ("/embed", json!({ "inputs": "a", "dimensions": -3 }), 400, "invalid embed request"),
+        ("/embed_all", json!({ "inputs": "a", "dimensions": 8 }), 400, "each token's whole state"),
         ("/models/digits/embed", json!({ "inputs": "a" }), 400, "does not embed text"),
         ("/models/nope/embed", json!({ "inputs": "a" }), 404, "no model named `nope`"),
         ("/models/minilm/predict", json!({ "input": [[1.0, 2.0]] }), 400, "text"),
@@ -204,11 +208,12 @@ async fn every_bad_text_input_gets_a_clear_4xx() {
     // OpenAI's error body: {"error": {"message", "type", "param", "code"}}.
     let openai: Vec<(Value, u16, &str)> = vec![
         (json!({ "model": "minilm", "input": [] }), 400, "the input is empty"),
-        (json!({ "model": "minilm", "input": "a", "dimensions": 100 }), 400, "384"),
+        (json!({ "model": "minilm", "input": "a", "dimensions": 1000 }), 400, "384-dimensional"),
+        (json!({ "model": "minilm", "input": "a", "dimensions": 0 }), 400, "at least 1"),
+        (json!({ "model": "minilm", "input": "a", "dimensions": -1 }), 400, "invalid embeddings request"),
         (json!({ "model": "minilm", "input": "a", "encoding_format": "hex" }), 400, "encoding_format"),
         (json!({ "model": "digits", "input": "a" }), 400, "does not embed text"),
         (json!({ "model": "nope", "input": "a" }), 404, "no model named `nope`"),
-        (json!({ "input": "a" }), 400, "model"),
     ];
     for (body, status, expected) in openai {
         let r = server.post_json("/v1/embeddings", &body).await;

@@ -27,7 +27,7 @@ use inferd_core::{BatchingConfig, Engine, ModelMetadata, Tensor};
 use crate::queue::Queue;
 use crate::worker::Worker;
 
-pub use crate::request::{BatchError, BatchObserver, InferRequest, InferResponse, Inputs, NoObserver};
+pub use crate::request::{BatchError, BatchObserver, InferRequest, InferResponse, Inputs, NoObserver, Pieces};
 
 /// What every part knows of the model, fixed at start.
 pub(crate) struct Model {
@@ -129,7 +129,7 @@ impl Batcher {
     /// batch (see [`InferRequest`]); an engine that refuses an input answers that request alone with
     /// [`BatchError::InvalidInput`].
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, BatchError> {
-        let hidden_states = request.hidden_states;
+        let pieces = request.pieces;
         let (pending, depth) = self.queue.admit(request)?;
         self.observer.request_queued(depth);
 
@@ -144,10 +144,9 @@ impl Batcher {
         if answers.len() == 1 {
             return answers.pop().ok_or_else(|| BatchError::Engine("no answer".into()));
         }
-        // Hidden states are padded to each batch's own length: one output per sequence, not joined.
-        let outputs = match hidden_states {
-            true => answers.iter_mut().flat_map(|a| std::mem::take(&mut a.outputs)).collect(),
-            false => self.join_pieces(&answers)?,
+        let outputs = match pieces {
+            Pieces::Apart => answers.iter_mut().flat_map(|a| std::mem::take(&mut a.outputs)).collect(),
+            Pieces::Joined => join_pieces(&answers)?,
         };
         Ok(InferResponse {
             outputs,
@@ -155,17 +154,6 @@ impl Batcher {
             queue_time: answers.iter().map(|a| a.queue_time).max().unwrap_or_default(),
             compute_time: answers.iter().map(|a| a.compute_time).sum(),
         })
-    }
-
-    /// A split request's outputs, each joined from its pieces' in order.
-    fn join_pieces(&self, answers: &[InferResponse]) -> Result<Vec<Tensor>, BatchError> {
-        (0..self.metadata().outputs.len())
-            .map(|i| {
-                let parts: Vec<&Tensor> = answers.iter().filter_map(|a| a.outputs.get(i)).collect();
-                Tensor::concat_rows(&parts)
-                    .map_err(|e| BatchError::Engine(format!("reassembling a split request: {e}")))
-            })
-            .collect()
     }
 
     /// Draining: from now on batches are cut without waiting for a fuller one. Requests are still taken.
@@ -179,6 +167,17 @@ impl Batcher {
     pub fn stop(&self, timeout: Duration) -> bool {
         self.queue.stop(timeout)
     }
+}
+
+/// A split request's outputs, each joined from its pieces' in order.
+fn join_pieces(answers: &[InferResponse]) -> Result<Vec<Tensor>, BatchError> {
+    let outputs = answers.first().map_or(0, |a| a.outputs.len());
+    (0..outputs)
+        .map(|i| {
+            let parts: Vec<&Tensor> = answers.iter().filter_map(|a| a.outputs.get(i)).collect();
+            Tensor::concat_rows(&parts).map_err(|e| BatchError::Engine(format!("reassembling a split request: {e}")))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use inferd_core::text::Contract;
 use inferd_core::{BatchingConfig, DataType, Tensor};
 use tokio::sync::oneshot;
 
@@ -87,8 +88,8 @@ pub(crate) struct Pending {
     /// Requests batch only with equal keys, which is what lets their inputs be joined and one engine call serve
     /// them all.
     key: BatchKey,
-    /// It wants each token's final state rather than the model's outputs.
-    pub(crate) hidden_states: bool,
+    /// Which engine call serves it: the model's outputs, or a text engine's contract.
+    pub(crate) contract: Option<Contract>,
     pub(crate) enqueued_at: Instant,
     deadline: Option<Instant>,
     pub(crate) reply: oneshot::Sender<Result<InferResponse, BatchError>>,
@@ -121,7 +122,7 @@ pub(crate) enum Next {
 #[derive(Debug, PartialEq, Eq)]
 struct BatchKey {
     shapes: Vec<(DataType, Vec<usize>)>,
-    hidden_states: bool,
+    contract: Option<Contract>,
 }
 
 impl Queue {
@@ -173,11 +174,23 @@ impl Queue {
     /// sequence), and cuts a batch if a worker is idle. Returns where each piece's answer arrives, in order, and
     /// the queue's depth after.
     pub(crate) fn admit(&self, request: InferRequest) -> Result<(Vec<Answer>, usize), BatchError> {
-        if request.hidden_states && !self.model.metadata.text.as_ref().is_some_and(|t| t.hidden_states) {
-            return Err(BatchError::InvalidInput(format!(
-                "model `{}` gives no per-token states: its engine has none",
-                self.model.name
-            )));
+        let text = self.model.metadata.text.as_ref();
+        match (request.contract, text) {
+            (Some(c), Some(text)) if !text.serves(c) => {
+                return Err(BatchError::InvalidInput(format!(
+                    "model `{}` gives no {}: its engine has none",
+                    self.model.name,
+                    c.as_str()
+                )))
+            }
+            (Some(c), None) => {
+                return Err(BatchError::InvalidInput(format!(
+                    "model `{}` takes tensors: it gives no {}",
+                    self.model.name,
+                    c.as_str()
+                )))
+            }
+            _ => {}
         }
         let pieces = match request.inputs {
             Inputs::Rows(inputs) => admission::pieces(&self.model, self.policy.max_batch_size, inputs)?,
@@ -185,7 +198,7 @@ impl Queue {
         };
         let now = Instant::now();
         let span = request.span;
-        let hidden_states = request.hidden_states;
+        let contract = request.contract;
         let deadline = match (request.deadline, self.timeout.map(|t| now + t)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -209,7 +222,7 @@ impl Queue {
                         .iter()
                         .map(|t| (t.dtype(), t.shape().get(key_from..).unwrap_or(&[]).to_vec()))
                         .collect(),
-                    hidden_states,
+                    contract,
                 };
                 let rows = if model.unbatched { 1 } else { inputs.first().map_or(1, Tensor::rows) };
                 let seq_len = match model.sequences {
@@ -221,7 +234,7 @@ impl Queue {
                     rows,
                     seq_len,
                     key,
-                    hidden_states,
+                    contract,
                     enqueued_at: now,
                     deadline,
                     reply,

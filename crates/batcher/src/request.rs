@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use inferd_core::text::Contract;
 use inferd_core::Tensor;
 
 /// One request's inputs. They fit the model's specs (data types, ranks, fixed dimensions): the caller checks
@@ -33,10 +34,12 @@ pub struct InferRequest {
     /// The request's span (its request id, for one): the worker thread logs what happens to the request in it,
     /// and the span of the batch that runs it follows from it.
     pub span: tracing::Span,
-    /// A text request for each token's final state ([`inferd_core::Engine::run_hidden`]) rather than the model's
-    /// outputs. It batches only with others that want them too, and is answered one FP32 `[rows, seq, dim]` output
-    /// per piece (a text request: per sequence), in order, `seq` being its batch's padded length.
-    pub hidden_states: bool,
+    /// A text model's request: which of its engine's outputs it wants ([`inferd_core::Engine::run_text`]); it
+    /// batches only with requests that want the same. `None`: the model's outputs ([`inferd_core::Engine::run`]).
+    pub contract: Option<Contract>,
+    /// How a text request's answer comes back: one output per sequence, as its batch left it (per-token outputs
+    /// are padded to each batch's longest sequence, so they cannot be joined), or the sequences' rows joined.
+    pub pieces: Pieces,
 }
 
 impl InferRequest {
@@ -46,17 +49,20 @@ impl InferRequest {
             inputs: Inputs::Rows(inputs),
             deadline: None,
             span: tracing::Span::current(),
-            hidden_states: false,
+            contract: None,
+            pieces: Pieces::Joined,
         }
     }
 
-    /// A text model's request of one or more sequences, with no deadline, in the current span.
-    pub fn sequences(sequences: Vec<Vec<Tensor>>) -> Self {
+    /// A text model's request of one or more sequences for `contract`, with no deadline, in the current span; its
+    /// rows come back joined.
+    pub fn sequences(sequences: Vec<Vec<Tensor>>, contract: Contract) -> Self {
         InferRequest {
             inputs: Inputs::Sequences(sequences),
             deadline: None,
             span: tracing::Span::current(),
-            hidden_states: false,
+            contract: Some(contract),
+            pieces: Pieces::Joined,
         }
     }
 
@@ -65,17 +71,27 @@ impl InferRequest {
         self
     }
 
-    /// Asks for each token's final state in place of the model's outputs (see [`InferRequest::hidden_states`]).
-    pub fn with_hidden_states(mut self) -> Self {
-        self.hidden_states = true;
+    /// Answers one output per sequence rather than the rows joined (see [`InferRequest::pieces`]).
+    pub fn with_pieces_apart(mut self) -> Self {
+        self.pieces = Pieces::Apart;
         self
     }
+}
+
+/// How a request split into pieces (a text request's sequences) is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pieces {
+    /// Each output joined from the pieces' rows, in order.
+    Joined,
+    /// The pieces' outputs one after the other, each as its batch gave it.
+    Apart,
 }
 
 /// The answer to one request.
 #[derive(Debug)]
 pub struct InferResponse {
-    /// Outputs in the order of the model's metadata, with the request's rows.
+    /// Outputs in the order of the model's metadata, with the request's rows (a contract's one output; with
+    /// [`Pieces::Apart`], one per piece).
     pub outputs: Vec<Tensor>,
     /// Rows in the largest batch that served this request (its own rows included).
     pub batch_rows: usize,

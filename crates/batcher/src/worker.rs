@@ -5,6 +5,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
+use inferd_core::text::Contract;
 use inferd_core::{DataType, Engine, Tensor};
 
 use crate::queue::{drop_dead_requests, Next, Pending, Queue};
@@ -147,23 +148,28 @@ impl Worker {
             self.observer.tokens_batched(real, padded);
         }
         // A batch's requests share their key, and with it which engine call serves them.
-        let hidden = batch.first().is_some_and(|p| p.hidden_states);
+        let contract = batch.first().and_then(|p| p.contract);
         let engine = self.engine.as_mut();
-        let mut run = |inputs: &[Tensor]| match hidden {
-            false => run_engine(&mut *engine, |e| e.run(inputs)),
-            true => run_engine(&mut *engine, |e| e.run_hidden(inputs).map(|t| vec![t])),
+        let mut run = |inputs: &[Tensor]| match contract {
+            None => run_engine(&mut *engine, |e| e.run(inputs)),
+            Some(c) => run_engine(&mut *engine, |e| e.run_text(c, inputs).map(|t| vec![t])),
         };
         let result = match batch {
             [one] => run(&one.inputs),
             _ => concat_inputs(batch, sequences).and_then(|inputs| run(&inputs)),
         };
         let compute_time = started.elapsed();
-        let result = result.and_then(|outputs| match hidden {
-            false => self.split_outputs(outputs, rows, &counts),
-            true => split_hidden(outputs, rows, &counts),
+        let result = result.and_then(|outputs| match contract {
+            None => self.split_outputs(outputs, rows, &counts),
+            Some(c) => split_contract(outputs, c, self.width_of(c), rows, &counts),
         });
         self.observer.batch_done(self.index, rows, compute_time, result.is_ok());
         result
+    }
+
+    /// The last dimension of `contract`'s output, where the model says.
+    fn width_of(&self, contract: Contract) -> Option<usize> {
+        self.queue.model.metadata.text.as_ref().and_then(|t| t.width(contract))
     }
 
     /// Checks the engine's outputs against the model's, and splits each back into the requests' rows:
@@ -236,18 +242,33 @@ fn concat_inputs(batch: &[Pending], sequences: bool) -> Result<Vec<Tensor>, Batc
         .collect()
 }
 
-/// Checks a hidden-state run's one output, FP32 `[rows, seq, dim]`, and splits it into the requests' rows.
-fn split_hidden(outputs: Vec<Tensor>, rows: usize, counts: &[usize]) -> Result<Vec<Vec<Tensor>>, BatchError> {
-    let [states] = <[Tensor; 1]>::try_from(outputs)
-        .map_err(|o| BatchError::Engine(format!("the engine returned {} hidden-state outputs, expected 1", o.len())))?;
-    if states.dtype() != DataType::Fp32 || states.shape().len() != 3 || states.rows() != rows {
+/// Checks a contract's one output, FP32 `[rows, width]` or (per token) `[rows, seq, width]`, its width `width`
+/// where the model says, and splits it into the requests' rows.
+fn split_contract(
+    outputs: Vec<Tensor>,
+    contract: Contract,
+    width: Option<usize>,
+    rows: usize,
+    counts: &[usize],
+) -> Result<Vec<Vec<Tensor>>, BatchError> {
+    let [output] = <[Tensor; 1]>::try_from(outputs)
+        .map_err(|o| BatchError::Engine(format!("the engine returned {} outputs for one contract", o.len())))?;
+    let rank = if contract.per_token() { 3 } else { 2 };
+    let shape = output.shape();
+    if output.dtype() != DataType::Fp32
+        || shape.len() != rank
+        || output.rows() != rows
+        || width.is_some_and(|w| shape.last() != Some(&w))
+    {
         return Err(BatchError::Engine(format!(
-            "the engine returned hidden states as {} {:?} for a batch of {rows}; expected FP32 [{rows}, seq, dim]",
-            states.dtype(),
-            states.shape()
+            "the engine returned its {} as {} {:?} for a batch of {rows}; expected FP32 of rank {rank}{}",
+            contract.as_str(),
+            output.dtype(),
+            shape,
+            width.map(|w| format!(" and width {w}")).unwrap_or_default()
         )));
     }
-    let pieces = states.split_rows(counts).map_err(|e| BatchError::Engine(e.to_string()))?;
+    let pieces = output.split_rows(counts).map_err(|e| BatchError::Engine(e.to_string()))?;
     Ok(pieces.into_iter().map(|piece| vec![piece]).collect())
 }
 

@@ -1,6 +1,8 @@
 //! `architecture = "bert"`: an encoder of BERT's family (BERT, RoBERTa, XLM-RoBERTa, DistilBERT) from a folder in
-//! the Hugging Face hub's layout (`config.json`, `model.safetensors`), ending in pooling (one vector per sequence)
-//! or in the classification head of a `*ForSequenceClassification` model (one row of logits per sequence).
+//! the Hugging Face hub's layout (`config.json`, `model.safetensors`), computing the contracts it was asked for:
+//! pooled vectors and each token's state (the encoder alone), the head of a `*ForSequenceClassification` model (one
+//! row of logits per sequence) or of a `*ForTokenClassification` one (a row per token), or SPLADE's sparse weights
+//! through the masked-LM head of a `*ForMaskedLM` model.
 //!
 //! The encoder layers are candle-transformers'. The embeddings and the attention mask are built here: its
 //! `BertModel` casts `f32::MIN` into the model's dtype for the mask, which is −∞ in FP16 and BF16, and
@@ -15,10 +17,10 @@ use std::path::Path;
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::{BertEncoder, Config, HiddenAct};
-use inferd_core::text::is_roberta;
+use inferd_core::text::{is_roberta, Contract};
 use inferd_core::{Error, Pooling, Result};
 
-/// A loaded encoder and what it ends in.
+/// A loaded encoder and the heads it was asked for.
 pub(crate) struct Bert {
     words: Embedding,
     positions: Embedding,
@@ -26,7 +28,14 @@ pub(crate) struct Bert {
     token_types: Option<Embedding>,
     norm: LayerNorm,
     encoder: BertEncoder,
-    head: Head,
+    /// How a pooled vector is made from the last hidden state.
+    pooling: Pooling,
+    /// The contracts it computes, in the order it was asked for them.
+    contracts: Vec<Contract>,
+    sequence_head: Option<SequenceHead>,
+    /// `*ForTokenClassification`: `classifier` on every token's state.
+    token_head: Option<Linear>,
+    mlm_head: Option<MlmHead>,
     /// The first position's index: 0 in BERT, `pad_token_id + 1` in RoBERTa's family.
     first_position: u32,
     /// The dtype's lowest finite value: what a padded position adds to its attention scores.
@@ -34,19 +43,23 @@ pub(crate) struct Bert {
     pub(crate) config: Config,
 }
 
-/// What the encoder's last hidden state becomes.
-enum Head {
-    /// One vector per sequence.
-    Pool(Pooling),
-    /// `BertForSequenceClassification`: the first token's state through the pooler (dense, tanh), then the
-    /// classifier.
+/// The head of a `*ForSequenceClassification` model, on the first token's state.
+enum SequenceHead {
+    /// BERT's pooler (dense, tanh), then the classifier.
     Bert { pooler: Linear, classifier: Linear },
-    /// `RobertaForSequenceClassification` (and XLM-RoBERTa's): the first token's state through dense, tanh, and
-    /// the output projection.
+    /// RoBERTa's and XLM-RoBERTa's: dense, tanh, and the output projection.
     Roberta { dense: Linear, out_proj: Linear },
-    /// `DistilBertForSequenceClassification`: the first token's state through pre_classifier, ReLU, and the
-    /// classifier.
+    /// DistilBERT's: pre_classifier, ReLU, and the classifier.
     Distil { pre_classifier: Linear, classifier: Linear },
+}
+
+/// The masked-LM head of a `*ForMaskedLM` model: a transform (dense, activation, LayerNorm) and the decoder onto the
+/// vocabulary, whose weight is the word embeddings' where the checkpoint ties them (and stores none of its own).
+struct MlmHead {
+    dense: Linear,
+    activation: HiddenAct,
+    norm: LayerNorm,
+    decoder: Linear,
 }
 
 /// Which member of BERT's family a checkpoint is, from its `config.json`'s `model_type`.
@@ -108,14 +121,6 @@ fn distil_name(name: &str) -> String {
     }
 }
 
-/// What a loaded encoder should end in.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Output {
-    Pool(Pooling),
-    /// The sequence classification head of the checkpoint.
-    Logits,
-}
-
 /// Reads a folder's `config.json`; DistilBERT's is read into BERT's terms.
 pub(crate) fn read_config(dir: &Path) -> Result<Config> {
     let path = dir.join("config.json");
@@ -150,9 +155,22 @@ pub(crate) fn read_config(dir: &Path) -> Result<Config> {
     })
 }
 
+/// The most logits a sparse run holds at once (rows × tokens × vocabulary): a batch's masked-LM logits are made and
+/// reduced in slices of rows, so that a full token budget over a 30,522-token vocabulary (some 2 GB as FP32) never
+/// exists at once.
+const MAX_SPARSE_LOGITS: usize = 64 << 20;
+
 impl Bert {
-    /// Loads the weights of `file` (with or without the `bert.` or `roberta.` prefix) in `dtype` onto `device`.
-    pub(crate) fn load(file: &Path, config: Config, output: Output, dtype: DType, device: &Device) -> Result<Bert> {
+    /// Loads the weights of `file` (with or without the `bert.`, `roberta.` or `distilbert.` prefix) in `dtype` onto
+    /// `device`, with the heads that `wants` needs; a contract whose head the checkpoint lacks fails the load.
+    pub(crate) fn load(
+        file: &Path,
+        config: Config,
+        wants: &[Contract],
+        pooling: Pooling,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Bert> {
         let weights = |e: candle_core::Error| Error::config(file, format!("cannot load the encoder's weights: {e}"));
         // SAFETY: as for the mlp: the map lives only while VarBuilder copies each tensor onto the device, and
         // inferd never writes model files.
@@ -172,26 +190,37 @@ impl Bert {
         };
         let e = vb.pp("embeddings");
         let (hidden, c) = (config.hidden_size, &config);
-        let head = match output {
-            Output::Pool(pooling) => Head::Pool(pooling),
-            Output::Logits if family == Family::Distil => Head::Distil {
-                pre_classifier: candle_nn::linear(hidden, hidden, root.pp("pre_classifier")).map_err(weights)?,
-                classifier: last_linear(&root.pp("classifier"), hidden).map_err(weights)?,
-            },
-            Output::Logits if family == Family::Roberta => {
-                let head = root.pp("classifier");
-                Head::Roberta {
-                    dense: candle_nn::linear(hidden, hidden, head.pp("dense")).map_err(weights)?,
-                    out_proj: last_linear(&head.pp("out_proj"), hidden).map_err(weights)?,
+        let words = candle_nn::embedding(c.vocab_size, hidden, e.pp("word_embeddings")).map_err(weights)?;
+        let wanted = |contract| wants.contains(&contract);
+        let sequence_head = match wanted(Contract::SequenceScores) {
+            false => None,
+            true => Some(match family {
+                Family::Distil => SequenceHead::Distil {
+                    pre_classifier: candle_nn::linear(hidden, hidden, root.pp("pre_classifier")).map_err(weights)?,
+                    classifier: last_linear(&root.pp("classifier"), hidden).map_err(weights)?,
+                },
+                Family::Roberta => {
+                    let head = root.pp("classifier");
+                    SequenceHead::Roberta {
+                        dense: candle_nn::linear(hidden, hidden, head.pp("dense")).map_err(weights)?,
+                        out_proj: last_linear(&head.pp("out_proj"), hidden).map_err(weights)?,
+                    }
                 }
-            }
-            Output::Logits => Head::Bert {
-                pooler: candle_nn::linear(hidden, hidden, vb.pp("pooler").pp("dense")).map_err(weights)?,
-                classifier: last_linear(&root.pp("classifier"), hidden).map_err(weights)?,
-            },
+                Family::Bert => SequenceHead::Bert {
+                    pooler: candle_nn::linear(hidden, hidden, vb.pp("pooler").pp("dense")).map_err(weights)?,
+                    classifier: last_linear(&root.pp("classifier"), hidden).map_err(weights)?,
+                },
+            }),
         };
-        let bert = Bert {
-            words: candle_nn::embedding(c.vocab_size, hidden, e.pp("word_embeddings")).map_err(weights)?,
+        let token_head = match wanted(Contract::TokenScores) {
+            false => None,
+            true => Some(last_linear(&root.pp("classifier"), hidden).map_err(weights)?),
+        };
+        let mlm_head = match wanted(Contract::SparseWeights) {
+            false => None,
+            true => Some(MlmHead::load(&root, family, c, &words).map_err(weights)?),
+        };
+        Ok(Bert {
             positions: candle_nn::embedding(c.max_position_embeddings, hidden, e.pp("position_embeddings"))
                 .map_err(weights)?,
             token_types: match family {
@@ -202,54 +231,75 @@ impl Bert {
             },
             norm: candle_nn::layer_norm(hidden, c.layer_norm_eps, e.pp("LayerNorm")).map_err(weights)?,
             encoder: BertEncoder::load(vb.pp("encoder"), c).map_err(weights)?,
-            head,
+            words,
+            pooling,
+            contracts: wants.to_vec(),
+            sequence_head,
+            token_head,
+            mlm_head,
             first_position: if family == Family::Roberta { c.pad_token_id as u32 + 1 } else { 0 },
             mask_value: lowest(dtype),
             config,
+        })
+    }
+
+    /// What it computes, in the order it was asked.
+    pub(crate) fn contracts(&self) -> &[Contract] {
+        &self.contracts
+    }
+
+    /// The labels of its classification head, if it has one: the head's last layer's outputs.
+    pub(crate) fn head_labels(&self) -> Option<usize> {
+        let last = match (&self.sequence_head, &self.token_head) {
+            (Some(SequenceHead::Bert { classifier: last, .. }), _)
+            | (Some(SequenceHead::Roberta { out_proj: last, .. }), _)
+            | (Some(SequenceHead::Distil { classifier: last, .. }), _)
+            | (None, Some(last)) => last,
+            (None, None) => return None,
         };
-        Ok(bert)
+        last.weight().dim(0).ok()
     }
 
-    /// The count of values per sequence the model gives: its hidden size, or its head's labels.
-    pub(crate) fn width(&self) -> usize {
-        match &self.head {
-            Head::Pool(_) => self.config.hidden_size,
-            Head::Bert { classifier: last, .. }
-            | Head::Roberta { out_proj: last, .. }
-            | Head::Distil { classifier: last, .. } => last.weight().dim(0).unwrap_or(0),
-        }
-    }
-
-    /// Runs `[rows, seq]` token ids (I64) with their attention mask and segment ids into F32 `[rows, width]`:
-    /// pooled states or logits.
-    pub(crate) fn forward(&self, ids: &Tensor, mask: &Tensor, types: &Tensor) -> candle_core::Result<Tensor> {
+    /// Runs `[rows, seq]` token ids (I64) with their attention mask and segment ids into `contract`'s F32 output.
+    pub(crate) fn run(
+        &self,
+        contract: Contract,
+        ids: &Tensor,
+        mask: &Tensor,
+        types: &Tensor,
+    ) -> candle_core::Result<Tensor> {
         let mask = mask.to_dtype(DType::F32)?;
         let hidden = self.encode(ids, &mask, types)?;
         let first_token = || hidden.narrow(1, 0, 1)?.squeeze(1);
-        match &self.head {
-            Head::Pool(Pooling::Cls) => first_token()?.to_dtype(DType::F32),
-            Head::Pool(Pooling::Mean) => {
-                let hidden = hidden.to_dtype(DType::F32)?;
-                let weights = mask.unsqueeze(D::Minus1)?;
-                let sums = hidden.broadcast_mul(&weights)?.sum(1)?;
-                let counts = mask.sum_keepdim(1)?.clamp(1f32, f32::MAX)?;
-                sums.broadcast_div(&counts)
+        let missing = || candle_core::Error::Msg(format!("this model has no head for {}", contract.as_str()));
+        match contract {
+            Contract::TokenStates => hidden.to_dtype(DType::F32),
+            Contract::Pooled => match self.pooling {
+                Pooling::Cls => first_token()?.to_dtype(DType::F32),
+                Pooling::Mean => {
+                    let hidden = hidden.to_dtype(DType::F32)?;
+                    let weights = mask.unsqueeze(D::Minus1)?;
+                    let sums = hidden.broadcast_mul(&weights)?.sum(1)?;
+                    let counts = mask.sum_keepdim(1)?.clamp(1f32, f32::MAX)?;
+                    sums.broadcast_div(&counts)
+                }
+            },
+            Contract::SequenceScores => match self.sequence_head.as_ref().ok_or_else(missing)? {
+                SequenceHead::Bert { pooler, classifier } => {
+                    classifier.forward(&pooler.forward(&first_token()?)?.tanh()?)?.to_dtype(DType::F32)
+                }
+                SequenceHead::Roberta { dense, out_proj } => {
+                    out_proj.forward(&dense.forward(&first_token()?)?.tanh()?)?.to_dtype(DType::F32)
+                }
+                SequenceHead::Distil { pre_classifier, classifier } => {
+                    classifier.forward(&pre_classifier.forward(&first_token()?)?.relu()?)?.to_dtype(DType::F32)
+                }
+            },
+            Contract::TokenScores => {
+                self.token_head.as_ref().ok_or_else(missing)?.forward(&hidden)?.to_dtype(DType::F32)
             }
-            Head::Bert { pooler, classifier } => {
-                classifier.forward(&pooler.forward(&first_token()?)?.tanh()?)?.to_dtype(DType::F32)
-            }
-            Head::Roberta { dense, out_proj } => {
-                out_proj.forward(&dense.forward(&first_token()?)?.tanh()?)?.to_dtype(DType::F32)
-            }
-            Head::Distil { pre_classifier, classifier } => {
-                classifier.forward(&pre_classifier.forward(&first_token()?)?.relu()?)?.to_dtype(DType::F32)
-            }
+            Contract::SparseWeights => self.mlm_head.as_ref().ok_or_else(missing)?.sparse(&hidden, &mask),
         }
-    }
-
-    /// Each token's last hidden state, F32 `[rows, seq, hidden]`, as [`Bert::forward`] takes its inputs.
-    pub(crate) fn hidden_states(&self, ids: &Tensor, mask: &Tensor, types: &Tensor) -> candle_core::Result<Tensor> {
-        self.encode(ids, &mask.to_dtype(DType::F32)?, types)?.to_dtype(DType::F32)
     }
 
     /// The encoder's last hidden state `[rows, seq, hidden]` in the model's dtype; `mask` is F32.
@@ -274,6 +324,81 @@ impl Bert {
     /// Whether the model has one token type (RoBERTa's family): a tokenizer's segment ids are then ignored.
     pub(crate) fn one_token_type(&self) -> bool {
         self.config.type_vocab_size == 1
+    }
+}
+
+impl MlmHead {
+    /// The head as each family names it: BERT's `cls.predictions.*`, RoBERTa's `lm_head.*`, DistilBERT's
+    /// `vocab_transform`, `vocab_layer_norm` and `vocab_projector`.
+    fn load(root: &VarBuilder, family: Family, config: &Config, words: &Embedding) -> candle_core::Result<MlmHead> {
+        let hidden = config.hidden_size;
+        let (dense, activation, norm, eps, decoder, bias) = match family {
+            Family::Bert => (
+                root.pp("cls.predictions.transform.dense"),
+                config.hidden_act,
+                root.pp("cls.predictions.transform.LayerNorm"),
+                config.layer_norm_eps,
+                root.pp("cls.predictions.decoder"),
+                root.pp("cls.predictions"),
+            ),
+            // RoBERTa's head is exact GELU whatever the encoder's activation.
+            Family::Roberta => (
+                root.pp("lm_head.dense"),
+                HiddenAct::Gelu,
+                root.pp("lm_head.layer_norm"),
+                config.layer_norm_eps,
+                root.pp("lm_head.decoder"),
+                root.pp("lm_head"),
+            ),
+            Family::Distil => (
+                root.pp("vocab_transform"),
+                config.hidden_act,
+                root.pp("vocab_layer_norm"),
+                1e-12,
+                root.pp("vocab_projector"),
+                root.pp("vocab_projector"),
+            ),
+        };
+        let vocab = config.vocab_size;
+        // The decoder's weight is the word embeddings' unless the checkpoint stores its own (untied).
+        let weight = match decoder.contains_tensor("weight") {
+            true => decoder.get((vocab, hidden), "weight")?,
+            false => words.embeddings().clone(),
+        };
+        let bias = match bias.contains_tensor("bias") {
+            true => bias.get(vocab, "bias")?,
+            false => decoder.get(vocab, "bias")?,
+        };
+        Ok(MlmHead {
+            dense: candle_nn::linear(hidden, hidden, dense)?,
+            activation,
+            norm: candle_nn::layer_norm(hidden, eps, norm)?,
+            decoder: Linear::new(weight, Some(bias)),
+        })
+    }
+
+    /// SPLADE's weights `[rows, vocab]` (F32) of a last hidden state `[rows, seq, hidden]`: the logits through
+    /// `log(1 + relu(x))`, the largest over each row's real tokens (`mask`, F32 `[rows, seq]`). Rows are taken a
+    /// slice at a time, so that a batch's logits never all exist at once.
+    fn sparse(&self, hidden: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+        let (rows, seq, _) = hidden.dims3()?;
+        let vocab = self.decoder.weight().dim(0)?;
+        let step = (MAX_SPARSE_LOGITS / (seq * vocab).max(1)).clamp(1, rows.max(1));
+        let mut slices = Vec::with_capacity(rows.div_ceil(step));
+        for start in (0..rows).step_by(step) {
+            let n = step.min(rows - start);
+            let x = self.dense.forward(&hidden.narrow(0, start, n)?)?;
+            let x = match self.activation {
+                HiddenAct::Gelu => x.gelu_erf()?,
+                HiddenAct::GeluApproximate => x.gelu()?,
+                HiddenAct::Relu => x.relu()?,
+            };
+            let logits = self.decoder.forward(&self.norm.forward(&x)?)?.to_dtype(DType::F32)?;
+            // relu first: a padded position's 0 then never wins over a real one, whose weights are ≥ 0.
+            let kept = logits.relu()?.broadcast_mul(&mask.narrow(0, start, n)?.unsqueeze(D::Minus1)?)?;
+            slices.push(kept.max(1)?);
+        }
+        (Tensor::cat(&slices, 0)? + 1.0)?.log()
     }
 }
 

@@ -1,5 +1,5 @@
 //! inferd-candle: the [`Engine`] on candle. Weights come from safetensors files; architectures are built in
-//! (`mlp`, and `bert` for text models: BERT's family, pooled or with its classification head). Runs on the CPU, or on `cuda:N` in builds with the `cuda` feature.
+//! (`mlp`, and `bert` for text models: BERT's family, with the heads its contracts need). Runs on the CPU, or on `cuda:N` in builds with the `cuda` feature.
 
 mod bert;
 mod memory;
@@ -8,13 +8,13 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Module};
 use candle_nn::{Linear, VarBuilder};
-use inferd_core::text::{TextSettings, ATTENTION_MASK, EMBEDDING_OUTPUT, INPUT_IDS, LOGITS_OUTPUT, TOKEN_TYPE_IDS};
+use inferd_core::text::{contract_output, Contract, TextSettings, ATTENTION_MASK, INPUT_IDS, TOKEN_TYPE_IDS};
 use inferd_core::{
-    CandleOptions, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Precision, Result, Task, Tensor,
+    CandleOptions, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Precision, Result, Tensor,
     TensorSpec,
 };
 
-use crate::bert::{Bert, Output};
+use crate::bert::Bert;
 
 /// One loaded candle model: what one worker thread owns.
 pub struct CandleEngine {
@@ -137,21 +137,22 @@ fn dtype_of(precision: Precision) -> DType {
 }
 
 impl CandleEngine {
-    /// Loads the model. `default_precision` applies on a GPU when `model.toml` names none; on the CPU, where
+    /// Loads the model: a text model computing `wants` (its task's contracts, see [`Contract`]), or a tensor model
+    /// when `wants` is empty. `default_precision` applies on a GPU when `model.toml` names none; on the CPU, where
     /// FP16/BF16 are several times slower than FP32, only an explicit `precision` leaves FP32.
-    pub fn load(config: &ModelConfig, default_precision: Precision) -> Result<CandleEngine> {
+    pub fn load(config: &ModelConfig, default_precision: Precision, wants: &[Contract]) -> Result<CandleEngine> {
         let toml = config.config_file.as_path();
         let options = config.candle.as_ref().ok_or_else(|| Error::config(toml, "candle: missing [candle] table"))?;
-        let text = match (options.architecture.as_str(), config.task) {
-            ("mlp", Task::Tensors) => None,
-            ("bert", task) if task.is_text() => Some(TextSettings::resolve(config)?),
-            ("mlp" | "bert", task) => {
+        let text = match (options.architecture.as_str(), wants.is_empty()) {
+            ("mlp", true) => None,
+            ("bert", false) => Some(TextSettings::resolve(config, wants)?),
+            ("mlp" | "bert", _) => {
                 return Err(Error::config(
                     toml,
                     format!(
-                        "candle.architecture: `{}` does not serve task = \"{}\"",
+                        "candle.architecture: `{}` does not serve task = \"{}\" (`mlp` takes tensors, `bert` text)",
                         options.architecture,
-                        task.as_str()
+                        config.task.as_str()
                     ),
                 ))
             }
@@ -185,19 +186,15 @@ impl CandleEngine {
         memory::log_gpu_free(&device, &config.name, "device ready");
         let (model, inputs, outputs, text) = match (text, bert_config) {
             (Some(settings), Some(bert_config)) => {
-                let output = if config.task.scores() { Output::Logits } else { Output::Pool(settings.pooling) };
-                let bert = Bert::load(&config.file, bert_config, output, dtype, &device)?;
-                let width = bert.width();
-                let vocab = bert.config.vocab_size;
+                let bert = Bert::load(&config.file, bert_config, wants, settings.pooling, dtype, &device)?;
                 let token =
                     |name: &str| TensorSpec { name: name.into(), datatype: DataType::Int64, shape: vec![-1, -1] };
                 let inputs = vec![token(INPUT_IDS), token(ATTENTION_MASK), token(TOKEN_TYPE_IDS)];
-                let name = if config.task.scores() { LOGITS_OUTPUT } else { EMBEDDING_OUTPUT };
-                let outputs =
-                    vec![TensorSpec { name: name.into(), datatype: DataType::Fp32, shape: vec![-1, width as i64] }];
-                let mut info = settings.info(config, width)?;
-                info.vocab_size = Some(vocab);
-                info.hidden_states = !config.task.scores();
+                let mut info =
+                    settings.info(config, bert.contracts().to_vec(), bert.config.hidden_size, bert.head_labels())?;
+                info.vocab_size = Some(bert.config.vocab_size);
+                let first = wants[0];
+                let outputs = vec![contract_output(first, info.width(first).unwrap_or(0))];
                 (Architecture::Bert(Box::new(bert)), inputs, outputs, Some(info))
             }
             _ => {
@@ -346,22 +343,18 @@ impl Engine for CandleEngine {
                 let y = y.to_dtype(dtype_of_output(out.datatype)).map_err(Error::engine)?;
                 Ok(vec![from_candle(&y, out.datatype)?])
             }
-            Architecture::Bert(bert) => {
-                let [ids, mask, types] = self.token_inputs(bert, inputs)?;
-                let pooled = bert.forward(&ids, &mask, &types).map_err(Error::engine)?;
-                Ok(vec![from_candle(&pooled, DataType::Fp32)?])
-            }
+            Architecture::Bert(bert) => Ok(vec![self.run_text(bert.contracts()[0], inputs)?]),
         }
     }
 
-    fn run_hidden(&mut self, inputs: &[Tensor]) -> Result<Tensor> {
+    fn run_text(&mut self, contract: Contract, inputs: &[Tensor]) -> Result<Tensor> {
         match &self.model {
-            Architecture::Bert(bert) if self.metadata.text.as_ref().is_some_and(|t| t.hidden_states) => {
+            Architecture::Bert(bert) if bert.contracts().contains(&contract) => {
                 let [ids, mask, types] = self.token_inputs(bert, inputs)?;
-                let states = bert.hidden_states(&ids, &mask, &types).map_err(Error::engine)?;
-                from_candle(&states, DataType::Fp32)
+                let out = bert.run(contract, &ids, &mask, &types).map_err(Error::engine)?;
+                from_candle(&out, DataType::Fp32)
             }
-            _ => Err(Error::Unsupported("this model gives no per-token states".into())),
+            _ => Err(Error::Unsupported(format!("this model gives no {}", contract.as_str()))),
         }
     }
 }

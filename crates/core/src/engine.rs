@@ -3,7 +3,7 @@
 use crate::config::{Precision, TensorSpec};
 use crate::error::Result;
 use crate::tensor::Tensor;
-use crate::text::TextInfo;
+use crate::text::{Contract, TextInfo};
 
 /// What a loaded model takes and gives, and where it runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,7 +19,7 @@ pub struct ModelMetadata {
     pub platform: &'static str,
     /// A text model: its inputs are token sequences (`INT64 [rows, seq]`, see [`crate::text`]) whose `seq` may
     /// differ between requests; a batch pads them with zeros to its longest, the attention mask marking the
-    /// padding, and its one output is the pooled embedding.
+    /// padding. Its one output is its first contract's ([`TextInfo::contracts`]).
     pub text: Option<TextInfo>,
 }
 
@@ -75,11 +75,10 @@ pub trait Engine: Send {
     /// their specs; the result follows `metadata().outputs`, each with the same row count.
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>>;
 
-    /// Runs one batch of a text model for each token's final state, FP32 `[rows, seq, dim]`, in place of its
-    /// outputs: a padded position's row is whatever the engine left there. Only where [`TextInfo::hidden_states`]
-    /// says so.
-    fn run_hidden(&mut self, inputs: &[Tensor]) -> Result<Tensor> {
+    /// Runs one batch of a text model for `contract`'s output (see [`Contract`]), one of those its
+    /// [`TextInfo::contracts`] lists; [`Engine::run`] gives the first.
+    fn run_text(&mut self, contract: Contract, inputs: &[Tensor]) -> Result<Tensor> {
         let _ = inputs;
-        Err(crate::Error::Unsupported("this model gives no per-token states".into()))
+        Err(crate::Error::Unsupported(format!("this model gives no {}", contract.as_str())))
     }
 }

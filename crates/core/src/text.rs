@@ -1,6 +1,6 @@
-//! Text models: the contract between the server's tokenizing front and an engine (token inputs in, one pooled
-//! vector or one row of logits per text out), the settings read from a sentence-transformers or hub folder, and
-//! pooling on the host.
+//! Text models: the contract between the server's tokenizing front and an engine (token inputs in; out, what the
+//! task asks for: a pooled vector, a head's scores, each token's state or scores, sparse vocabulary weights), the
+//! settings read from a sentence-transformers or hub folder, and the host's own pooling.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,10 +18,48 @@ pub const ATTENTION_MASK: &str = "attention_mask";
 pub const TOKEN_TYPE_IDS: &str = "token_type_ids";
 /// The token inputs a text engine may take, in this order when it takes them all.
 pub const TOKEN_INPUTS: [&str; 3] = [INPUT_IDS, ATTENTION_MASK, TOKEN_TYPE_IDS];
-/// An embedding model's one output: `FP32 [rows, dimensions]`, pooled, not normalised.
-pub const EMBEDDING_OUTPUT: &str = "embedding";
-/// A scoring model's one output (rerank, classify): its head's raw logits, `FP32 [rows, labels]`.
-pub const LOGITS_OUTPUT: &str = "logits";
+
+/// What a text engine computes from a batch of token sequences: the output a task asks for. Every contract is one
+/// FP32 tensor whose first dimension is the batch's rows; an engine serves the contracts its model has the weights
+/// for, and never knows which task asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Contract {
+    /// One vector per sequence, `[rows, dimensions]`: the last hidden state pooled as [`TextInfo::pooling`] says,
+    /// not normalised.
+    Pooled,
+    /// Each token's final state, `[rows, seq, dimensions]`.
+    TokenStates,
+    /// The sequence-classification head's logits, `[rows, labels]`.
+    SequenceScores,
+    /// The token-classification head's logits for each token, `[rows, seq, labels]`.
+    TokenScores,
+    /// SPLADE's weight of each vocabulary entry, `[rows, vocab]`: the masked-LM head's logits through
+    /// `log(1 + relu(x))`, the largest over the sequence's real tokens.
+    SparseWeights,
+}
+
+impl Contract {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Contract::Pooled => "pooled vector",
+            Contract::TokenStates => "per-token states",
+            Contract::SequenceScores => "per-sequence scores",
+            Contract::TokenScores => "per-token scores",
+            Contract::SparseWeights => "sparse vocabulary weights",
+        }
+    }
+
+    /// Whether it has a value per token, `[rows, seq, width]` (a padded position's values are whatever the engine
+    /// left there), rather than one row per sequence.
+    pub fn per_token(self) -> bool {
+        matches!(self, Contract::TokenStates | Contract::TokenScores)
+    }
+
+    /// Whether it ends in a classification head, whose outputs have labels.
+    pub fn has_labels(self) -> bool {
+        matches!(self, Contract::SequenceScores | Contract::TokenScores)
+    }
+}
 
 /// What a loaded text model is, as its engine reports it in its metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,19 +69,34 @@ pub struct TextInfo {
     /// Tokens per text at most, special tokens included.
     pub max_seq_len: usize,
     pub pooling: Pooling,
-    /// Whether embeddings are normalised to unit length unless a request says otherwise.
+    /// Whether the folder says its embeddings are normalised to unit length (`modules.json`'s `Normalize`).
     pub normalize: bool,
-    /// The embedding's length; a scoring model's count of labels.
+    /// The length of a token's state, and of a pooled vector.
     pub dimensions: usize,
     /// Token ids are below this.
     pub vocab_size: Option<usize>,
-    /// A scoring model's label names, one per logit; empty for an embedding model.
+    /// The classification head's label names, one per logit; empty where the model has no head.
     pub labels: Vec<String>,
-    /// A scoring model whose labels are independent (sigmoid per label) rather than exclusive (softmax).
+    /// A head whose labels are independent (sigmoid per label) rather than exclusive (softmax).
     pub multi_label: bool,
-    /// Whether the engine gives each token's final state ([`crate::Engine::run_hidden`]): what `/embed_all`
-    /// serves. Set by the engine.
-    pub hidden_states: bool,
+    /// What the engine computes ([`crate::Engine::run_text`]), the one its metadata's output describes first.
+    pub contracts: Vec<Contract>,
+}
+
+impl TextInfo {
+    /// Whether the engine computes `contract`.
+    pub fn serves(&self, contract: Contract) -> bool {
+        self.contracts.contains(&contract)
+    }
+
+    /// The length of `contract`'s last dimension: the state's length, the head's labels, or the vocabulary's size.
+    pub fn width(&self, contract: Contract) -> Option<usize> {
+        match contract {
+            Contract::Pooled | Contract::TokenStates => Some(self.dimensions),
+            Contract::SequenceScores | Contract::TokenScores => Some(self.labels.len()),
+            Contract::SparseWeights => self.vocab_size,
+        }
+    }
 }
 
 /// A text model's settings: `model.toml`'s keys first, then the folder's sentence-transformers files
@@ -140,18 +193,19 @@ fn read_json<T: for<'de> Deserialize<'de>>(dir: &Path, name: &str) -> Result<Opt
 }
 
 impl TextSettings {
-    /// Resolves a text model's settings from `model.toml` and its folder.
-    pub fn resolve(config: &ModelConfig) -> Result<TextSettings> {
+    /// Resolves a text model's settings from `model.toml` and its folder, for an engine asked for `wants` (a
+    /// head's labels are read only where a contract has them).
+    pub fn resolve(config: &ModelConfig, wants: &[Contract]) -> Result<TextSettings> {
         let dir = &config.dir;
         let toml = config.config_file.as_path();
         let overrides = &config.text;
         let hub: Option<HubConfig> = read_json(dir, "config.json")?;
-        let scores = config.task.scores();
+        let headed = wants.iter().any(|c| c.has_labels());
         let modules: Vec<Module> = read_json(dir, "modules.json")?.unwrap_or_default();
         let pooling = match overrides.pooling {
             Some(p) => p,
-            // A classification head reads the first token's state.
-            None if scores => Pooling::Cls,
+            // Only a pooled vector is pooled: the rest read what their heads read, whatever this says.
+            None if !wants.contains(&Contract::Pooled) => Pooling::Cls,
             None => match modules.iter().find(|m| m.kind.ends_with(".Pooling")) {
                 Some(m) => folder_pooling(dir, &m.path)?,
                 None => Pooling::Mean,
@@ -192,7 +246,7 @@ impl TextSettings {
         let hub_path = dir.join("config.json");
         let labels = match (&overrides.labels, &hub) {
             (Some(labels), _) => Some(labels.clone()),
-            (None, Some(hub)) if scores => hub.labels(&hub_path)?,
+            (None, Some(hub)) if headed => hub.labels(&hub_path)?,
             (None, _) => None,
         };
         let multi_label = hub.as_ref().and_then(|h| h.problem_type.as_deref()) == Some("multi_label_classification");
@@ -200,33 +254,34 @@ impl TextSettings {
             tokenizer,
             max_seq_len,
             pooling,
-            normalize: normalize && !scores,
+            normalize,
             vocab_size: hub.and_then(|h| h.vocab_size),
-            labels: labels.filter(|_| scores),
-            multi_label: multi_label && scores,
+            labels: labels.filter(|_| headed),
+            multi_label: multi_label && headed,
         })
     }
 
-    /// The metadata of a model with these settings whose engine gives `dimensions` values per text. A scoring
-    /// model's labels must be as many as its logits; unnamed ones are `LABEL_i`, as the hub names them.
-    pub fn info(&self, config: &ModelConfig, dimensions: usize) -> Result<TextInfo> {
-        let labels = match (&self.labels, config.task.scores()) {
-            (_, false) => Vec::new(),
-            (Some(labels), true) if labels.len() != dimensions => {
+    /// The metadata of a model with these settings whose engine computes `contracts` (the first is what its
+    /// metadata's output describes), with `dimensions`-long states and a head of `head` labels (none without a
+    /// head). The head's labels must be as many as its logits; unnamed ones are `LABEL_i`, as the hub names them.
+    pub fn info(
+        &self,
+        config: &ModelConfig,
+        contracts: Vec<Contract>,
+        dimensions: usize,
+        head: Option<usize>,
+    ) -> Result<TextInfo> {
+        let labels = match (&self.labels, head) {
+            (_, None) => Vec::new(),
+            (Some(labels), Some(n)) if labels.len() != n => {
                 return Err(Error::config(
                     &config.config_file,
-                    format!("labels: {} are named, but the model's head gives {dimensions} scores", labels.len()),
+                    format!("labels: {} are named, but the model's head gives {n} scores", labels.len()),
                 ))
             }
-            (Some(labels), true) => labels.clone(),
-            (None, true) => (0..dimensions).map(|i| format!("LABEL_{i}")).collect(),
+            (Some(labels), Some(_)) => labels.clone(),
+            (None, Some(n)) => (0..n).map(|i| format!("LABEL_{i}")).collect(),
         };
-        if config.task == crate::config::Task::Rerank && dimensions != 1 {
-            return Err(Error::config(
-                &config.config_file,
-                format!("task = \"rerank\" needs a head with one score; this model's gives {dimensions} (use task = \"classify\")"),
-            ));
-        }
         Ok(TextInfo {
             tokenizer: self.tokenizer.clone(),
             max_seq_len: self.max_seq_len,
@@ -236,9 +291,22 @@ impl TextSettings {
             vocab_size: self.vocab_size,
             labels,
             multi_label: self.multi_label,
-            hidden_states: false,
+            contracts,
         })
     }
+}
+
+/// How a text engine names its output for `contract` in its metadata (the tensor protocols show the task's own).
+pub fn contract_output(contract: Contract, width: usize) -> crate::TensorSpec {
+    let (name, mut shape) = match contract {
+        Contract::Pooled => ("pooled", vec![-1]),
+        Contract::TokenStates => ("token_states", vec![-1, -1]),
+        Contract::SequenceScores => ("sequence_scores", vec![-1]),
+        Contract::TokenScores => ("token_scores", vec![-1, -1]),
+        Contract::SparseWeights => ("sparse_weights", vec![-1]),
+    };
+    shape.push(i64::try_from(width).unwrap_or(-1));
+    crate::TensorSpec { name: name.into(), datatype: crate::DataType::Fp32, shape }
 }
 
 /// The pooling that a sentence-transformers pooling module's `config.json` names.
@@ -293,6 +361,31 @@ pub fn pool(hidden: &[f32], mask: &[i64], rows: usize, seq: usize, dim: usize, p
     Ok(out)
 }
 
+/// SPLADE's vocabulary weights from masked-LM logits `[rows, seq, vocab]` (row-major): for each row and entry, the
+/// largest `log(1 + relu(x))` over the tokens whose `mask` is non-zero; `[rows, vocab]`.
+pub fn splade(logits: &[f32], mask: &[i64], rows: usize, seq: usize, vocab: usize) -> Result<Vec<f32>> {
+    if logits.len() != rows * seq * vocab || mask.len() != rows * seq {
+        return Err(Error::Engine(format!(
+            "cannot take sparse weights of {} logits with a mask of {} as [{rows}, {seq}, {vocab}]",
+            logits.len(),
+            mask.len()
+        )));
+    }
+    let mut out = vec![0f32; rows * vocab];
+    for (r, weights) in out.chunks_exact_mut(vocab).enumerate() {
+        let row_mask = &mask[r * seq..(r + 1) * seq];
+        let tokens = logits[r * seq * vocab..(r + 1) * seq * vocab].chunks_exact(vocab);
+        for (token, _) in tokens.zip(row_mask).filter(|(_, &m)| m != 0) {
+            // log(1 + relu(x)) grows with x: the largest logit gives the largest weight, and 0 stays 0.
+            for (w, &x) in weights.iter_mut().zip(token) {
+                *w = w.max(x);
+            }
+        }
+        weights.iter_mut().for_each(|w| *w = w.max(0.0).ln_1p());
+    }
+    Ok(out)
+}
+
 /// Scales `vector` to unit length (a zero vector stays zero).
 pub fn normalize(vector: &mut [f32]) {
     let norm = vector.iter().map(|v| f64::from(*v) * f64::from(*v)).sum::<f64>().sqrt();
@@ -315,6 +408,16 @@ mod tests {
         let cls = pool(&hidden, &mask, 2, 3, 2, Pooling::Cls).expect("pool");
         assert_eq!(cls, vec![1.0, 2.0, 10.0, 20.0]);
         assert!(pool(&hidden, &mask, 2, 2, 2, Pooling::Mean).is_err());
+    }
+
+    #[test]
+    fn sparse_weights_are_the_largest_log1p_relu_over_real_tokens() {
+        // One row of three tokens over a vocabulary of 3; the last token is padding with large logits.
+        let logits = [1.0, -2.0, 0.0, 3.0, -1.0, 0.0, 100.0, 100.0, 100.0];
+        let weights = splade(&logits, &[1, 1, 0], 1, 3, 3).expect("splade");
+        let want = [4f32.ln(), 0.0, 0.0];
+        assert!(weights.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-6), "{weights:?}");
+        assert!(splade(&logits, &[1, 1], 1, 3, 3).is_err());
     }
 
     #[test]
@@ -354,7 +457,7 @@ mod tests {
             ("sentence_bert_config.json", r#"{"max_seq_length": 256}"#),
             ("tokenizer.json", "{}"),
         ]);
-        let s = TextSettings::resolve(&config).expect("resolves");
+        let s = TextSettings::resolve(&config, &[Contract::Pooled]).expect("resolves");
         assert_eq!((s.pooling, s.normalize, s.max_seq_len, s.vocab_size), (Pooling::Cls, true, 256, Some(30522)));
         assert_eq!(s.tokenizer, config.dir.join("tokenizer.json"));
     }
@@ -368,7 +471,7 @@ mod tests {
             ("1_Pooling/config.json", r#"{"pooling_mode_cls_token": true}"#),
             ("t/tok.json", "{}"),
         ]);
-        let s = TextSettings::resolve(&config).expect("resolves");
+        let s = TextSettings::resolve(&config, &[Contract::Pooled]).expect("resolves");
         assert_eq!((s.pooling, s.normalize, s.max_seq_len), (Pooling::Mean, false, 64));
         assert_eq!(s.tokenizer, config.dir.join("t/tok.json"));
     }
@@ -380,18 +483,18 @@ mod tests {
             ("config.json", HUB),
             ("tokenizer.json", "{}"),
         ]);
-        let err = TextSettings::resolve(&config).expect_err("too long").to_string();
+        let err = TextSettings::resolve(&config, &[Contract::Pooled]).expect_err("too long").to_string();
         assert!(err.contains("more than the model's 512 positions"), "{err}");
         let (_dir, config) =
             folder(&[("model.toml", "backend = \"onnx\"\nfile = \"m.onnx\"\ntask = \"embed\"\nmax_seq_len = 8\n")]);
-        let err = TextSettings::resolve(&config).expect_err("no tokenizer").to_string();
+        let err = TextSettings::resolve(&config, &[Contract::Pooled]).expect_err("no tokenizer").to_string();
         assert!(err.contains("tokenizer.json"), "{err}");
         let (_dir, config) = folder(&[
             ("model.toml", "backend = \"onnx\"\nfile = \"m.onnx\"\ntask = \"embed\"\nmax_seq_len = 8\n"),
             ("modules.json", MODULES),
             ("1_Pooling/config.json", r#"{"pooling_mode_max_tokens": true}"#),
         ]);
-        let err = TextSettings::resolve(&config).expect_err("max pooling").to_string();
+        let err = TextSettings::resolve(&config, &[Contract::Pooled]).expect_err("max pooling").to_string();
         assert!(err.contains("`mean` or `cls`"), "{err}");
     }
 }

@@ -9,7 +9,7 @@ use inferd_core::{Backend, BatchingConfig, Engine, ModelConfig, ModelMetadata, P
 use inferd_onnx::OnnxSettings;
 
 use crate::budget::{self, GpuMemoryReader, HostMemory, Need, Place};
-use crate::task::{self, Task};
+use crate::task::{self, Service, Task};
 
 /// Builds an engine for a model in place of its backend: for tests that need an engine no model file describes
 /// (a slow one, say), run through the whole server.
@@ -26,14 +26,17 @@ pub struct EngineSettings {
     pub gpu_memory: Option<GpuMemoryReader>,
 }
 
-/// Builds one engine instance for a model: the one place that picks a backend.
+/// Builds one engine instance for a model: the one place that picks a backend. A text engine computes the
+/// contracts its task asks for ([`task::registration`]).
 pub fn build_engine(config: &ModelConfig, settings: &EngineSettings) -> inferd_core::Result<Box<dyn Engine>> {
     if let Some(build) = &settings.builder {
         return build(config);
     }
+    let wants = task::registration(config).contracts;
+    let precision = settings.default_precision;
     Ok(match config.backend {
-        Backend::Onnx => Box::new(inferd_onnx::OnnxEngine::load(config, &settings.onnx, settings.default_precision)?),
-        Backend::Candle => Box::new(inferd_candle::CandleEngine::load(config, settings.default_precision)?),
+        Backend::Onnx => Box::new(inferd_onnx::OnnxEngine::load(config, &settings.onnx, precision, wants)?),
+        Backend::Candle => Box::new(inferd_candle::CandleEngine::load(config, precision, wants)?),
     })
 }
 
@@ -43,6 +46,8 @@ pub struct LoadedModel {
     pub version: u64,
     pub batcher: Batcher,
     pub task: Arc<dyn Task>,
+    /// Its task's name in `model.toml`.
+    task_name: &'static str,
     /// The batching it runs with: `model.toml`'s, with `max_batch_size = 0` for a graph without a batch dimension.
     pub batching: BatchingConfig,
     /// Whether every instance ran its warm-up (see [`WarmUp`]).
@@ -69,6 +74,16 @@ impl LoadedModel {
     /// The model as the protocols show it (its task's face: a text model takes texts and gives embeddings).
     pub fn metadata(&self) -> &ModelMetadata {
         self.task.metadata()
+    }
+
+    /// What it serves.
+    pub fn service(&self) -> Service {
+        self.task.service()
+    }
+
+    /// Its task's name in `model.toml` (`embed`, `rerank`, …).
+    pub fn task_name(&self) -> &'static str {
+        self.task_name
     }
 
     /// The model as its engines run it.
@@ -122,7 +137,7 @@ pub fn load(
     }
     let Some(first) = engines.first() else { anyhow::bail!("model `{}` has no instance to run", config.name) };
     // The batcher batches a text engine's sequences by tokens; the task must be the one that makes them.
-    if config.task.is_text() != first.metadata().text.is_some() {
+    if task::registration(config).service.takes_text() != first.metadata().text.is_some() {
         anyhow::bail!(
             "its task is `{}`, but its engine {} text",
             config.task.as_str(),
@@ -152,7 +167,15 @@ pub fn load(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "model ready"
     );
-    Ok(LoadedModel { version: config.version, batcher, task, batching, warmed, memory })
+    Ok(LoadedModel {
+        version: config.version,
+        batcher,
+        task,
+        task_name: config.task.as_str(),
+        batching,
+        warmed,
+        memory,
+    })
 }
 
 /// Runs one instance's warm-up; false where the shapes are unknown and nothing was run.

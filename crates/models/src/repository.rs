@@ -3,7 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use inferd_core::{ModelConfig, Task, MODEL_CONFIG_FILE};
+use inferd_core::{ModelConfig, MODEL_CONFIG_FILE};
+
+use crate::task::{registration, Service};
 
 /// A model repository: a folder of model folders, or one model folder.
 #[derive(Debug, Clone)]
@@ -16,15 +18,12 @@ pub struct Repository {
 pub struct Defaults {
     /// `/predict`: `--default-model`, or the only model.
     pub model: Option<String>,
-    /// `/embed`: `--default-embed-model`, or the default model when it embeds text, or the only text model.
-    pub embed: Option<String>,
-    /// `/rerank` (and a Cohere request naming no model served here): the default model when it reranks, or the
-    /// only reranker.
-    pub rerank: Option<String>,
-    /// TEI's `/predict` with `inputs`: the default model when it classifies, or the only classifier.
-    pub classify: Option<String>,
-    /// TEI's `POST /` and `/info`: the default model when it takes texts, or else the default embedder, reranker
-    /// or classifier, in that order.
+    /// Each text service's: `--default-embed-model` for [`Service::Embed`], or the default model when it serves it,
+    /// or the only model that serves it. A service with none is absent.
+    pub services: Vec<(Service, String)>,
+    /// TEI's `POST /` and `/info`: the default model when it takes texts; or else the default embedder, where the
+    /// repository has embedders (none where it has several and none is chosen, as for `/embed`); or else the only
+    /// text model.
     pub text: Option<String>,
 }
 
@@ -87,7 +86,7 @@ impl Repository {
 
 impl Defaults {
     /// The defaults among `configs` (see [`Defaults`]): `default_model` must be one of them, and is the only one
-    /// when not given; `default_embed_model` must be one of the text models.
+    /// when not given; `default_embed_model` must be one of the embedders.
     pub fn choose(
         configs: &[ModelConfig],
         default_model: Option<&str>,
@@ -96,6 +95,7 @@ impl Defaults {
     ) -> anyhow::Result<Defaults> {
         let dir = repository.dir();
         let find = |name: &str| configs.iter().find(|c| c.name == name);
+        let service = |c: &ModelConfig| registration(c).service;
         let model = match (default_model, configs) {
             (Some(name), _) if find(name).is_none() => {
                 anyhow::bail!("--default-model `{name}` is not a model in {}", dir.display())
@@ -104,34 +104,52 @@ impl Defaults {
             (None, [only, ..]) if configs.iter().all(|c| c.name == only.name) => Some(only.name.clone()),
             (None, _) => None,
         };
-        // The default model when it has `task`, or else the only model that has.
-        let of_task = |task: Task| match model.as_deref().and_then(find) {
-            Some(c) if c.task == task => Some(c.name.clone()),
-            _ => {
-                let mut names: Vec<&str> = configs.iter().filter(|c| c.task == task).map(|c| c.name.as_str()).collect();
-                names.dedup();
-                match names.as_slice() {
-                    [only] => Some((*only).to_owned()),
-                    _ => None,
-                }
-            }
+        // The models (by name, a model's versions once) that `serves` says yes to.
+        let names = |serves: &dyn Fn(Service) -> bool| {
+            let mut names: Vec<&str> = configs.iter().filter(|c| serves(service(c))).map(|c| c.name.as_str()).collect();
+            names.dedup();
+            names
+        };
+        // The default model when it serves `wanted`, or else the only model that does.
+        let of_service = |wanted: Service| match model.as_deref().and_then(find) {
+            Some(c) if service(c) == wanted => Some(c.name.clone()),
+            _ => match names(&|s| s == wanted).as_slice() {
+                [only] => Some((*only).to_owned()),
+                _ => None,
+            },
         };
         let embed = match default_embed_model {
             Some(name) => match find(name) {
-                Some(c) if c.task == Task::Embed => Some(name.to_owned()),
+                Some(c) if service(c) == Service::Embed => Some(name.to_owned()),
                 Some(_) => {
                     anyhow::bail!("--default-embed-model `{name}` does not embed text (its task is not `embed`)")
                 }
                 None => anyhow::bail!("--default-embed-model `{name}` is not a model in {}", dir.display()),
             },
-            None => of_task(Task::Embed),
+            None => of_service(Service::Embed),
         };
-        let (rerank, classify) = (of_task(Task::Rerank), of_task(Task::Classify));
+        let mut services = Vec::new();
+        for wanted in [Service::Embed, Service::EmbedSparse, Service::Rerank, Service::Classify, Service::TokenClassify]
+        {
+            let chosen = if wanted == Service::Embed { embed.clone() } else { of_service(wanted) };
+            if let Some(name) = chosen {
+                services.push((wanted, name));
+            }
+        }
         let text = match model.as_deref().and_then(find) {
-            Some(c) if c.task.is_text() => Some(c.name.clone()),
-            _ => embed.clone().or_else(|| rerank.clone()).or_else(|| classify.clone()),
+            Some(c) if service(c).takes_text() => Some(c.name.clone()),
+            _ if !names(&|s| s == Service::Embed).is_empty() => embed,
+            _ => match names(&Service::takes_text).as_slice() {
+                [only] => Some((*only).to_owned()),
+                _ => None,
+            },
         };
-        Ok(Defaults { model, embed, rerank, classify, text })
+        Ok(Defaults { model, services, text })
+    }
+
+    /// The default model of `service`, if there is one.
+    pub fn of(&self, service: Service) -> Option<&str> {
+        self.services.iter().find(|(s, _)| *s == service).map(|(_, name)| name.as_str())
     }
 }
 
@@ -180,28 +198,31 @@ mod tests {
         let configs = repository.discover().expect("discovers");
         let defaults = Defaults::choose(&configs, None, None, &repository).expect("defaults");
         let minilm = Some("minilm".to_owned());
-        assert_eq!(defaults, Defaults { embed: minilm.clone(), text: minilm.clone(), ..Defaults::default() });
+        let embed = vec![(Service::Embed, "minilm".to_owned())];
+        assert_eq!(defaults, Defaults { services: embed.clone(), text: minilm.clone(), ..Defaults::default() });
         let defaults = Defaults::choose(&configs, Some("minilm"), None, &repository).expect("defaults");
-        assert_eq!(
-            defaults,
-            Defaults { model: minilm.clone(), embed: minilm.clone(), text: minilm.clone(), ..Defaults::default() }
-        );
+        assert_eq!(defaults, Defaults { model: minilm.clone(), services: embed.clone(), text: minilm.clone() });
 
-        // One reranker and one classifier are the defaults of their tasks; TEI's `/` serves the embedder first.
+        // One reranker and one classifier are the defaults of their services; TEI's `/` serves the embedder first.
         model(repo.path(), "ranker", "backend = \"candle\"\ntask = \"rerank\"\n");
         model(repo.path(), "sentiment", "backend = \"candle\"\ntask = \"classify\"\n");
         let configs = repository.discover().expect("discovers");
         let defaults = Defaults::choose(&configs, None, None, &repository).expect("defaults");
-        let expected = Defaults {
-            model: None,
-            embed: minilm.clone(),
-            rerank: Some("ranker".into()),
-            classify: Some("sentiment".into()),
-            text: minilm.clone(),
-        };
-        assert_eq!(defaults, expected);
+        assert_eq!((defaults.model.as_deref(), defaults.text.as_deref()), (None, Some("minilm")));
+        assert_eq!(
+            (defaults.of(Service::Rerank), defaults.of(Service::Classify), defaults.of(Service::TokenClassify)),
+            (Some("ranker"), Some("sentiment"), None)
+        );
         let defaults = Defaults::choose(&configs, Some("sentiment"), None, &repository).expect("defaults");
         assert_eq!(defaults.text.as_deref(), Some("sentiment"));
+
+        // Two embedders and no choice: neither `/embed` nor `/` picks one, nor does `/` fall to the reranker.
+        model(repo.path(), "mpnet", TEXT);
+        let configs = repository.discover().expect("discovers");
+        let defaults = Defaults::choose(&configs, None, None, &repository).expect("defaults");
+        assert_eq!((defaults.of(Service::Embed), defaults.text.as_deref()), (None, None));
+        let defaults = Defaults::choose(&configs, None, Some("mpnet"), &repository).expect("defaults");
+        assert_eq!((defaults.of(Service::Embed), defaults.text.as_deref()), (Some("mpnet"), Some("mpnet")));
 
         let unknown = Defaults::choose(&configs, Some("nope"), None, &repository).expect_err("unknown");
         assert!(unknown.to_string().contains("--default-model `nope`"), "{unknown}");

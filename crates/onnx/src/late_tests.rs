@@ -280,7 +280,7 @@ fn onnx_runtime_answers_the_rewritten_lookup_as_the_graph_defines_it() {
         let config =
             ModelConfig::parse("lookup", dir.path(), "backend = \"onnx\"\nfile = \"model.onnx\"\ndevice = \"cpu\"\n")
                 .expect("config");
-        let mut engine = OnnxEngine::load(&config, &settings(), Precision::Fp32).expect("load");
+        let mut engine = OnnxEngine::load(&config, &settings(), Precision::Fp32, &[]).expect("load");
         let out = engine.run(&[Tensor::from_slice(vec![ids.len()], &ids).expect("ids")]).expect("run");
         assert_eq!(out[0].shape(), [ids.len(), 3]);
         assert_eq!(out[0].to_vec::<f32>().expect("f32"), expected_rows(&ids, of), "{dims:?}");
@@ -392,7 +392,7 @@ fn lookup_engine(scales: &[f32], extra: &str) -> (tempfile::TempDir, ModelConfig
     std::fs::write(dir.path().join("model.onnx"), lookup_model(scales, &[5, 1]).encode_to_vec()).expect("write");
     let text = format!("backend = \"onnx\"\nfile = \"model.onnx\"\ndevice = \"cpu\"\n{extra}");
     let config = ModelConfig::parse("lookup", dir.path(), &text).expect("config");
-    let engine = OnnxEngine::load(&config, &settings(), Precision::Fp32).expect("load");
+    let engine = OnnxEngine::load(&config, &settings(), Precision::Fp32, &[]).expect("load");
     (dir, config, engine)
 }
 

@@ -4,10 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use inferd_core::text::{pool, TextSettings, ATTENTION_MASK, EMBEDDING_OUTPUT, INPUT_IDS, LOGITS_OUTPUT, TOKEN_INPUTS};
+use inferd_core::text::{
+    contract_output, pool, splade, Contract, TextSettings, ATTENTION_MASK, INPUT_IDS, TOKEN_INPUTS,
+};
 use inferd_core::{
     with_element_type, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Pooling, Precision, Result,
-    Task, Tensor, TensorSpec,
+    Tensor, TensorSpec,
 };
 use ort::ep::{self, ExecutionProvider};
 use ort::session::{Session, SessionInputValue};
@@ -42,21 +44,19 @@ pub struct OnnxEngine {
     metadata: ModelMetadata,
     /// The graph's initializers as stored; `None` where the file could not be read apart from ONNX Runtime.
     weight_bytes: Option<u64>,
-    /// A text model: which graph output holds its embeddings (or logits), and how to pool them.
+    /// A text model: which graph output serves each contract, and how.
     text: Option<TextGraph>,
     /// A graph with narrow weights on the CPU: the session that widened them, while the model is busy.
     busy: Option<Busy>,
 }
 
-/// How a text graph's output becomes one embedding per sequence.
+/// How a text graph's outputs serve its contracts.
 #[derive(Debug, Clone)]
 struct TextGraph {
-    /// The graph output read: a last hidden state `[rows, seq, dim]` or a sentence embedding `[rows, dim]`.
-    output: TensorSpec,
-    /// Pooled here when the output is a hidden state.
+    /// Each contract the graph serves, and the graph output that serves it, in the order asked.
+    outputs: Vec<(Contract, TensorSpec)>,
+    /// How a last hidden state `[rows, seq, dim]` is pooled into a vector.
     pooling: Pooling,
-    /// An embedding model's last hidden state `[rows, seq, dim]`, if the graph gives one: what `/embed_all` reads.
-    hidden: Option<TensorSpec>,
     /// The position of `attention_mask` among the inputs.
     mask: usize,
 }
@@ -68,8 +68,15 @@ impl std::fmt::Debug for OnnxEngine {
 }
 
 impl OnnxEngine {
-    /// Loads one session of the model. `default_precision` applies when `model.toml` does not name one.
-    pub fn load(config: &ModelConfig, settings: &OnnxSettings, default_precision: Precision) -> Result<OnnxEngine> {
+    /// Loads one session of the model: a text model computing `wants` (its task's contracts: the first it must
+    /// serve, the others where its graph can), or a tensor model when `wants` is empty. `default_precision` applies
+    /// when `model.toml` does not name one.
+    pub fn load(
+        config: &ModelConfig,
+        settings: &OnnxSettings,
+        default_precision: Precision,
+        wants: &[Contract],
+    ) -> Result<OnnxEngine> {
         let runtime = runtime(&settings.library, settings.shared_threads)?;
         let placement = match config.device {
             DeviceSpec::Cpu => Placement::Cpu,
@@ -157,19 +164,19 @@ impl OnnxEngine {
             });
             Busy::new(&config.name, narrow_bytes, open)
         });
-        let (text, text_graph) = match config.task {
-            Task::Tensors => (None, None),
-            task => {
-                let settings = TextSettings::resolve(config)?;
-                let (graph, dimensions) = text_graph(config, &inputs, &outputs, settings.pooling)?;
-                let name = if task.scores() { LOGITS_OUTPUT } else { EMBEDDING_OUTPUT };
-                outputs = vec![TensorSpec {
-                    name: name.into(),
-                    datatype: DataType::Fp32,
-                    shape: vec![-1, dimensions as i64],
-                }];
-                let mut info = settings.info(config, dimensions)?;
-                info.hidden_states = graph.hidden.is_some();
+        let (text, text_graph) = match wants.first() {
+            None => (None, None),
+            Some(&first) => {
+                let settings = TextSettings::resolve(config, wants)?;
+                let graph = text_graph(config, &inputs, &outputs, wants, settings.pooling, settings.vocab_size)?;
+                let width = |c: Contract| graph.width(c);
+                let dimensions = [Contract::Pooled, Contract::TokenStates].into_iter().find_map(width).unwrap_or(0);
+                let head = [Contract::SequenceScores, Contract::TokenScores].into_iter().find_map(width);
+                let mut info = settings.info(config, graph.contracts(), dimensions, head)?;
+                if let Some(vocab) = width(Contract::SparseWeights) {
+                    info.vocab_size = Some(vocab);
+                }
+                outputs = vec![contract_output(first, width(first).unwrap_or(0))];
                 (Some(info), Some(graph))
             }
         };
@@ -266,14 +273,19 @@ fn specs_from_graph<'a>(
     Ok(specs)
 }
 
-/// Checks that a text model's graph takes token inputs and gives embeddings (or a scoring model's logits); returns
-/// how to read them and their length.
+/// Checks that a text model's graph takes token inputs, and finds the output that serves each contract of `wants`:
+/// the first must be served, the others are where the graph has them. Float outputs are told apart by their rank and
+/// the contract asked for: `[batch, dim]` is a pooled vector (or a sequence head's logits, or sparse weights a graph
+/// pooled itself); `[batch, sequence, dim]` is each token's state (or a token head's logits, or masked-LM logits over
+/// a vocabulary of `vocab` entries), reduced here where the contract is per sequence.
 fn text_graph(
     config: &ModelConfig,
     inputs: &[TensorSpec],
     outputs: &[TensorSpec],
+    wants: &[Contract],
     pooling: Pooling,
-) -> Result<(TextGraph, usize)> {
+    vocab: Option<usize>,
+) -> Result<TextGraph> {
     let bad = |message: String| Error::Unsupported(format!("model `{}`: {message}", config.name));
     for spec in inputs {
         if !TOKEN_INPUTS.contains(&spec.name.as_str()) || spec.datatype != DataType::Int64 || spec.shape.len() != 2 {
@@ -294,43 +306,77 @@ fn text_graph(
             "a text model's graph needs an `{ATTENTION_MASK}` input: without one, padding would change its results"
         ))
     })?;
-    let is_float = |s: &&TensorSpec| matches!(s.datatype, DataType::Fp32 | DataType::Fp16);
-    // A graph that pools by itself is used as it is; otherwise its hidden state is pooled here. A scoring model's
-    // graph ends in its classification head: logits [batch, labels].
-    let pooled = outputs.iter().filter(is_float).find(|s| s.shape.len() == 2);
-    let output = match config.task.scores() {
-        true => {
-            pooled.ok_or_else(|| bad("a scoring model's graph needs an FP32 or FP16 output [batch, labels]".into()))?
+    let float = |rank: usize| {
+        outputs.iter().filter(move |s| matches!(s.datatype, DataType::Fp32 | DataType::Fp16) && s.shape.len() == rank)
+    };
+    let last = |s: &TensorSpec| s.shape.last().and_then(|&d| usize::try_from(d).ok());
+    let is_vocab = |s: &&TensorSpec| vocab.is_some_and(|v| last(s) == Some(v));
+    let mut served = Vec::new();
+    for (i, &contract) in wants.iter().enumerate() {
+        let found = match contract {
+            // A graph that pools by itself is used as it is; otherwise its hidden state is pooled here.
+            Contract::Pooled => float(2).next().or_else(|| float(3).next()),
+            Contract::TokenStates | Contract::TokenScores => float(3).next(),
+            Contract::SequenceScores => float(2).next(),
+            Contract::SparseWeights => float(2).find(is_vocab).or_else(|| float(3).find(is_vocab)),
+        };
+        match found {
+            Some(spec) if last(spec).is_some() => served.push((contract, spec.clone())),
+            Some(spec) if i == 0 => {
+                return Err(bad(format!("output `{}` has no fixed last dimension: {:?}", spec.name, spec.shape)))
+            }
+            None if i == 0 => {
+                let shape = match contract {
+                    Contract::Pooled => "[batch, dim] or [batch, sequence, dim]".to_owned(),
+                    Contract::TokenStates => "[batch, sequence, dim]".to_owned(),
+                    Contract::SequenceScores => "[batch, labels]".to_owned(),
+                    Contract::TokenScores => "[batch, sequence, labels]".to_owned(),
+                    Contract::SparseWeights => format!(
+                        "[batch, sequence, vocab] (masked-LM logits) or [batch, vocab], vocab being config.json's \
+                         vocab_size ({})",
+                        vocab.map_or_else(|| "not given".to_owned(), |v| v.to_string())
+                    ),
+                };
+                return Err(bad(format!(
+                    "its task needs {}: the graph needs an FP32 or FP16 output {shape}",
+                    contract.as_str()
+                )));
+            }
+            _ => {}
         }
-        false => pooled.or_else(|| outputs.iter().filter(is_float).find(|s| s.shape.len() == 3)).ok_or_else(|| {
-            bad("a text model's graph needs an FP32 or FP16 output [batch, dim] or [batch, sequence, dim]".into())
-        })?,
-    };
-    let dimensions =
-        output.shape.last().and_then(|&d| usize::try_from(d).ok()).ok_or_else(|| {
-            bad(format!("output `{}` has no fixed embedding length: {:?}", output.name, output.shape))
-        })?;
-    // The per-token states: the embedding output itself when it is a hidden state, else the first one the graph
-    // gives beside its pooled output.
-    let hidden = match config.task.scores() {
-        true => None,
-        false if output.shape.len() == 3 => Some(output.clone()),
-        false => outputs.iter().filter(is_float).find(|s| s.shape.len() == 3).cloned(),
-    };
-    Ok((TextGraph { output: output.clone(), pooling, hidden, mask }, dimensions))
+    }
+    Ok(TextGraph { outputs: served, pooling, mask })
 }
 
-/// A text graph's output as FP32 embeddings `[rows, dim]`, pooled with the attention mask when it is a hidden state.
-fn embeddings(graph: &TextGraph, value: &DynValue, mask: &Tensor) -> Result<Tensor> {
-    let out = from_ort(&graph.output, value)?;
-    let values = f32_values(&out)?;
-    match *out.shape() {
-        [rows, dim] => Tensor::from_slice(vec![rows, dim], &values),
-        [rows, seq, dim] => {
-            let pooled = pool(&values, &mask.to_vec::<i64>()?, rows, seq, dim, graph.pooling)?;
-            Tensor::from_slice(vec![rows, dim], &pooled)
+impl TextGraph {
+    fn contracts(&self) -> Vec<Contract> {
+        self.outputs.iter().map(|(c, _)| *c).collect()
+    }
+
+    fn output(&self, contract: Contract) -> Option<&TensorSpec> {
+        self.outputs.iter().find(|(c, _)| *c == contract).map(|(_, spec)| spec)
+    }
+
+    fn width(&self, contract: Contract) -> Option<usize> {
+        self.output(contract).and_then(|s| s.shape.last()).and_then(|&d| usize::try_from(d).ok())
+    }
+
+    /// `contract`'s FP32 output from the graph's `value` of it: as it is, or reduced from per-token values with the
+    /// attention mask (pooled, or SPLADE's largest weight per vocabulary entry).
+    fn serve(&self, contract: Contract, spec: &TensorSpec, value: &DynValue, mask: &Tensor) -> Result<Tensor> {
+        let out = from_ort(spec, value)?;
+        let values = f32_values(&out)?;
+        match (contract, out.shape()) {
+            (Contract::Pooled, &[rows, seq, dim]) => {
+                let pooled = pool(&values, &mask.to_vec::<i64>()?, rows, seq, dim, self.pooling)?;
+                Tensor::from_slice(vec![rows, dim], &pooled)
+            }
+            (Contract::SparseWeights, &[rows, seq, vocab]) => {
+                let weights = splade(&values, &mask.to_vec::<i64>()?, rows, seq, vocab)?;
+                Tensor::from_slice(vec![rows, vocab], &weights)
+            }
+            (_, shape) => Tensor::from_slice(shape.to_vec(), &values),
         }
-        ref other => Err(Error::Engine(format!("output `{}` came back as {other:?}", graph.output.name))),
     }
 }
 
@@ -404,26 +450,26 @@ impl Engine for OnnxEngine {
     }
 
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
-        self.on_session(|session, metadata, text| {
+        if let Some(&(first, _)) = self.text.as_ref().and_then(|g| g.outputs.first()) {
+            return Ok(vec![self.run_text(first, inputs)?]);
+        }
+        self.on_session(|session, metadata, _| {
             let values = session_inputs(&metadata.inputs, inputs)?;
             let outputs = session.run(values).map_err(run_error)?;
-            if let Some(graph) = text {
-                let value = output_of(&outputs, &graph.output.name)?;
-                return Ok(vec![embeddings(graph, value, &inputs[graph.mask])?]);
-            }
             metadata.outputs.iter().map(|spec| from_ort(spec, output_of(&outputs, &spec.name)?)).collect()
         })
     }
 
-    fn run_hidden(&mut self, inputs: &[Tensor]) -> Result<Tensor> {
-        let Some(spec) = self.text.as_ref().and_then(|g| g.hidden.clone()) else {
-            return Err(Error::Unsupported("this model's graph gives no per-token states".into()));
+    fn run_text(&mut self, contract: Contract, inputs: &[Tensor]) -> Result<Tensor> {
+        let Some(spec) = self.text.as_ref().and_then(|g| g.output(contract)).cloned() else {
+            return Err(Error::Unsupported(format!("this model's graph gives no {}", contract.as_str())));
         };
-        self.on_session(|session, metadata, _| {
+        self.on_session(|session, metadata, graph| {
+            let graph =
+                graph.ok_or_else(|| Error::Engine("a text contract without its graph: this is a bug".into()))?;
             let values = session_inputs(&metadata.inputs, inputs)?;
             let outputs = session.run(values).map_err(run_error)?;
-            let states = from_ort(&spec, output_of(&outputs, &spec.name)?)?;
-            Tensor::from_slice(states.shape().to_vec(), &f32_values(&states)?)
+            graph.serve(contract, &spec, output_of(&outputs, &spec.name)?, &inputs[graph.mask])
         })
     }
 }

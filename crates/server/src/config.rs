@@ -64,9 +64,32 @@ pub struct ServeConfig {
     #[arg(long, env = "INFERD_HOST", default_value = "0.0.0.0")]
     pub host: IpAddr,
 
-    /// Port to listen on (0 picks a free one; the log says which).
-    #[arg(long, env = "INFERD_PORT", default_value_t = 8080)]
-    pub port: u16,
+    /// Port to listen on (0 picks a free one; the log says which). [default: SAGEMAKER_BIND_TO_PORT, else
+    /// AIP_HTTP_PORT, else 8080]
+    #[arg(long, env = "INFERD_PORT")]
+    pub port: Option<u16>,
+
+    /// The port SageMaker tells its containers to listen on; used when --port is not given.
+    #[arg(long, env = "SAGEMAKER_BIND_TO_PORT", value_name = "PORT")]
+    pub sagemaker_bind_to_port: Option<u16>,
+
+    /// The port Vertex AI tells its containers to listen on; used when neither --port nor SAGEMAKER_BIND_TO_PORT
+    /// is given.
+    #[arg(long, env = "AIP_HTTP_PORT", value_name = "PORT")]
+    pub aip_http_port: Option<u16>,
+
+    /// Vertex AI's prediction route: served as `POST /vertex` is ({"instances": [...]} → {"predictions": [...]}).
+    #[arg(long, env = "AIP_PREDICT_ROUTE", value_name = "PATH", value_parser = parse_route)]
+    pub aip_predict_route: Option<String>,
+
+    /// Vertex AI's health route: answers 200 once the server is ready, as `/health/ready` does.
+    #[arg(long, env = "AIP_HEALTH_ROUTE", value_name = "PATH", value_parser = parse_route)]
+    pub aip_health_route: Option<String>,
+
+    /// Origins whose browser pages may call the API (CORS): repeat the flag, or separate them with commas; `*`
+    /// allows any origin. None by default: no CORS headers are sent, and browsers keep other origins out.
+    #[arg(long, env = "INFERD_CORS_ALLOW_ORIGIN", value_name = "ORIGIN", value_delimiter = ',')]
+    pub cors_allow_origin: Vec<String>,
 
     /// Port for KServe v2 over gRPC (Triton's gRPC clients, perf_analyzer, gRPC health probes), on the same
     /// address; 0 serves no gRPC.
@@ -271,7 +294,21 @@ fn seconds(value: f64, otherwise: Duration) -> Duration {
     Duration::try_from_secs_f64(value).unwrap_or(otherwise)
 }
 
+/// A route an environment names: a path from the root, which a router can serve as it is.
+fn parse_route(value: &str) -> Result<String, String> {
+    let ok = value.starts_with('/') && value.len() > 1 && !value.contains(['{', '}', '*', ' ', '?', '#']);
+    match ok {
+        true => Ok(value.to_owned()),
+        false => Err(format!("`{value}` is not a route: a path from the root, without `{{`, `}}`, `*`, `?` or `#`")),
+    }
+}
+
 impl ServeConfig {
+    /// The port to listen on: --port, else SAGEMAKER_BIND_TO_PORT, else AIP_HTTP_PORT, else 8080.
+    pub fn listen_port(&self) -> u16 {
+        self.port.or(self.sagemaker_bind_to_port).or(self.aip_http_port).unwrap_or(8080)
+    }
+
     /// The repository folder: --models, else AZUREML_MODEL_DIR, else MODEL_PATH, else `models`.
     pub fn repository(&self) -> PathBuf {
         self.models

@@ -10,8 +10,7 @@ use axum::http::request::Parts;
 use crate::budget::Hold;
 use crate::codec::quoted;
 use crate::error::AppError;
-use inferd_core::Task;
-use inferd_models::{Defaults, LoadedModel};
+use inferd_models::{registration, Defaults, LoadedModel, Service};
 
 use crate::registry::{quoted_list, ModelEntry, Registry};
 use crate::state::AppState;
@@ -26,22 +25,12 @@ pub const VERSION_PARAM: &str = "version";
 pub enum ModelFrom {
     /// The route serves the default model (`/predict`).
     Default,
-    /// The route serves the default model of a text task: `/embed`, `/rerank`, TEI's `/predict`, TEI's `/` and
-    /// `/info`.
-    DefaultOf(TextDefault),
+    /// The route serves the default model of a service: `/embed`, `/embed_sparse`, `/rerank`, TEI's `/predict`.
+    DefaultOf(Service),
+    /// TEI's `/` and `/info`: the default text model (see [`Defaults::text`]).
+    DefaultText,
     /// The [`MODEL_PARAM`] path parameter, with [`VERSION_PARAM`] when the route has one.
     Path,
-}
-
-/// Which of the repository's default text models a route serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TextDefault {
-    Embed,
-    Rerank,
-    Classify,
-    /// TEI's `/` and `/info`: the default model when it takes texts, or else the default embedder, reranker or
-    /// classifier.
-    Any,
 }
 
 /// The model a route names, resolved by the checkpoint, the version the route asked for, and whether the path
@@ -54,8 +43,9 @@ struct Resolved(Result<Arc<ModelEntry>, AppError>, Option<u64>, bool);
 pub async fn resolve(state: &AppState, from: ModelFrom, parts: &mut Parts) -> Option<Arc<str>> {
     let registry = state.registry();
     let (resolved, version, label) = match from {
-        ModelFrom::Default => labelled(default(registry, state.defaults().model.as_deref(), no_default_model)),
-        ModelFrom::DefaultOf(which) => labelled(default_text(registry, state.defaults(), which)),
+        ModelFrom::Default => labelled(default_model(registry, state.defaults())),
+        ModelFrom::DefaultOf(service) => labelled(default_of(registry, state.defaults(), service)),
+        ModelFrom::DefaultText => labelled(default_text(registry, state.defaults())),
         ModelFrom::Path => from_path(state, parts).await,
     };
     parts.extensions.insert(Resolved(resolved, version, from == ModelFrom::Path));
@@ -71,46 +61,59 @@ fn labelled(resolved: Result<Arc<ModelEntry>, AppError>) -> Resolution {
     (resolved, None, label)
 }
 
-/// The default model `name`, or the 400 that `none` says when there is no default.
-fn default(
-    registry: &Registry,
-    name: Option<&str>,
-    none: fn(&Registry) -> String,
-) -> Result<Arc<ModelEntry>, AppError> {
-    match name {
+/// The default model (`/predict`): `--default-model` or the only model; or else, for TEI's `/predict`, the default
+/// classifier; or the 400 that asks for a name.
+fn default_model(registry: &Registry, defaults: &Defaults) -> Result<Arc<ModelEntry>, AppError> {
+    match defaults.model.as_deref().or_else(|| defaults.of(Service::Classify)) {
         Some(name) => registry.resolve(name, None),
-        None => Err(AppError::bad_request(none(registry))),
+        None => {
+            let names = quoted_list(&registry.names(|_| true));
+            Err(AppError::bad_request(format!(
+                "this server has several models ({names}): use /models/{{model}}/predict, or start it with \
+                 --default-model"
+            )))
+        }
     }
 }
 
-fn no_default_model(registry: &Registry) -> String {
-    let names = quoted_list(&registry.names(|_| true));
-    format!("this server has several models ({names}): use /models/{{model}}/predict, or start it with --default-model")
-}
-
-/// The default model of a text task, or the 400 that says why there is none and what to do instead.
-pub fn default_text(registry: &Registry, defaults: &Defaults, which: TextDefault) -> Result<Arc<ModelEntry>, AppError> {
-    let (name, task, route, flag) = match which {
-        TextDefault::Embed => (&defaults.embed, Task::Embed, "embed", "--default-embed-model"),
-        TextDefault::Rerank => (&defaults.rerank, Task::Rerank, "rerank", "--default-model"),
-        TextDefault::Classify => (&defaults.classify, Task::Classify, "predict", "--default-model"),
-        TextDefault::Any => (&defaults.text, Task::Embed, "", "--default-model"),
-    };
-    if let Some(name) = name {
+/// The default model of `service`, or the 400 that says why there is none and what to do instead.
+pub fn default_of(registry: &Registry, defaults: &Defaults, service: Service) -> Result<Arc<ModelEntry>, AppError> {
+    if let Some(name) = defaults.of(service) {
         return registry.resolve(name, None);
     }
-    let names = registry.names(|m| match which {
-        TextDefault::Any => m.config.task.is_text(),
-        _ => m.config.task == task,
-    });
-    let what = match which {
-        TextDefault::Any => "text model".to_owned(),
-        _ => format!("model whose task is `{}`", task.as_str()),
+    let names = registry.names(|m| registration(&m.config).service == service);
+    let (route, flag) = match service {
+        Service::Embed => ("/embed", "--default-embed-model"),
+        Service::EmbedSparse => ("/embed_sparse", "--default-model"),
+        Service::Rerank => ("/rerank", "--default-model"),
+        Service::Classify => ("/predict", "--default-model"),
+        Service::TokenClassify | Service::Tensors | Service::Images => ("", "--default-model"),
     };
     Err(AppError::bad_request(match names.is_empty() {
-        true => format!("this server has no {what}"),
+        true => format!("this server has no model that {}", service.does()),
         false => format!(
-            "this server has several of them ({}): use /models/{{model}}/{route}, or start it with {flag}",
+            "this server has several models that {} ({}): use /models/{{model}}{route}, or start it with {flag}",
+            service.does(),
+            quoted_list(&names)
+        ),
+    }))
+}
+
+/// TEI's default text model (`POST /`, `/info`), or the 400 that says why there is none: the same as `/embed`'s
+/// where the server has several embedders and none is chosen.
+pub fn default_text(registry: &Registry, defaults: &Defaults) -> Result<Arc<ModelEntry>, AppError> {
+    if let Some(name) = &defaults.text {
+        return registry.resolve(name, None);
+    }
+    let service = |m: &ModelEntry| registration(&m.config).service;
+    if !registry.names(|m| service(m) == Service::Embed).is_empty() {
+        return default_of(registry, defaults, Service::Embed);
+    }
+    let names = registry.names(|m| service(m).takes_text());
+    Err(AppError::bad_request(match names.is_empty() {
+        true => "this server has no text model".to_owned(),
+        false => format!(
+            "this server has several text models ({}): use /models/{{model}}, or start it with --default-model",
             quoted_list(&names)
         ),
     }))
@@ -157,6 +160,7 @@ pub fn resolve_named(registry: &Registry, name: &str, version: &str) -> Result<A
 }
 
 /// The model version the route names, as the checkpoint resolved it; or why there is none.
+#[derive(Clone)]
 pub struct RoutedModel {
     entry: Arc<ModelEntry>,
     /// The version the route asked for, if it named one.
@@ -199,6 +203,7 @@ impl<S: Send + Sync> FromRequestParts<S> for RoutedModel {
 }
 
 /// The request's share of the in-flight budget, which the checkpoint holds for every inference request.
+#[derive(Clone)]
 pub struct InflightHold(pub Arc<Hold>);
 
 impl<S: Send + Sync> FromRequestParts<S> for InflightHold {

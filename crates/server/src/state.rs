@@ -44,6 +44,10 @@ struct ServerState {
     api_keys: Vec<Secret>,
     /// Whether /metrics needs a key too.
     protect_metrics: bool,
+    /// The origins whose pages may call the API (CORS); none: no CORS headers.
+    cors_allow_origin: Vec<String>,
+    /// Vertex AI's prediction and health routes, where its environment names them.
+    vertex_routes: (Option<String>, Option<String>),
 }
 
 impl AppState {
@@ -76,6 +80,8 @@ impl AppState {
             request_timeout: config.request_timeout(),
             api_keys: config.api_keys()?,
             protect_metrics: config.protect_metrics,
+            cors_allow_origin: config.cors_allow_origin.clone(),
+            vertex_routes: (config.aip_predict_route.clone(), config.aip_health_route.clone()),
         })))
     }
 
@@ -149,6 +155,16 @@ impl AppState {
 
     pub fn api_keys(&self) -> &[Secret] {
         &self.0.api_keys
+    }
+
+    /// The origins whose pages may call the API (`--cors-allow-origin`).
+    pub fn cors_allow_origin(&self) -> &[String] {
+        &self.0.cors_allow_origin
+    }
+
+    /// Vertex AI's prediction and health routes (`AIP_PREDICT_ROUTE`, `AIP_HEALTH_ROUTE`), where given.
+    pub fn vertex_routes(&self) -> (Option<&str>, Option<&str>) {
+        (self.0.vertex_routes.0.as_deref(), self.0.vertex_routes.1.as_deref())
     }
 
     pub fn protect_metrics(&self) -> bool {

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use inferd_core::text::TextInfo;
+use inferd_core::text::{Contract, TextInfo};
 use inferd_core::Pooling;
 
 use super::*;
@@ -21,17 +21,25 @@ impl Engine for TokenCounter {
     }
 
     fn run(&mut self, inputs: &[Tensor]) -> inferd_core::Result<Vec<Tensor>> {
-        let mask = &inputs[1];
-        let (rows, seq) = (mask.shape()[0], mask.shape()[1]);
-        let real: Vec<f32> = mask.to_vec::<i64>()?.chunks(seq).map(|row| row.iter().sum::<i64>() as f32).collect();
-        Ok(vec![Tensor::from_slice(vec![rows, 1], &real)?])
+        Ok(vec![self.run_text(Contract::Pooled, inputs)?])
     }
 
-    /// Each position's state is its mask: 1 for a real token, 0 for padding.
-    fn run_hidden(&mut self, inputs: &[Tensor]) -> inferd_core::Result<Tensor> {
+    /// Pooled: each row's count of real tokens. Per-token states: each position's mask, 1 for a real token and 0 for
+    /// padding.
+    fn run_text(&mut self, contract: Contract, inputs: &[Tensor]) -> inferd_core::Result<Tensor> {
         let mask = &inputs[1];
-        let states: Vec<f32> = mask.to_vec::<i64>()?.into_iter().map(|m| m as f32).collect();
-        Tensor::from_slice(vec![mask.shape()[0], mask.shape()[1], 1], &states)
+        let (rows, seq) = (mask.shape()[0], mask.shape()[1]);
+        let values = mask.to_vec::<i64>()?;
+        match contract {
+            Contract::TokenStates => {
+                let states: Vec<f32> = values.into_iter().map(|m| m as f32).collect();
+                Tensor::from_slice(vec![rows, seq, 1], &states)
+            }
+            _ => {
+                let real: Vec<f32> = values.chunks(seq).map(|row| row.iter().sum::<i64>() as f32).collect();
+                Tensor::from_slice(vec![rows, 1], &real)
+            }
+        }
     }
 }
 
@@ -57,10 +65,23 @@ fn text_batcher_with(observer: Arc<Observed>, hidden_states: bool, config: &Batc
             vocab_size: None,
             labels: Vec::new(),
             multi_label: false,
-            hidden_states,
+            contracts: match hidden_states {
+                true => vec![Contract::Pooled, Contract::TokenStates],
+                false => vec![Contract::Pooled],
+            },
         }),
     };
     Batcher::start("tokens", config, vec![Box::new(TokenCounter { metadata })], observer).expect("threads start")
+}
+
+/// A request for the sequences' pooled vectors, joined.
+fn pooled(sequences: Vec<Vec<Tensor>>) -> InferRequest {
+    InferRequest::sequences(sequences, Contract::Pooled)
+}
+
+/// A request for the sequences' per-token states, one output each.
+fn per_token(sequences: Vec<Vec<Tensor>>) -> InferRequest {
+    InferRequest::sequences(sequences, Contract::TokenStates).with_pieces_apart()
 }
 
 /// One sequence of one row: its token ids and a mask of ones, of `ids`' length.
@@ -86,7 +107,7 @@ async fn a_text_request_is_queued_once_and_its_tokens_counted_per_run() {
     let observed = Arc::new(Observed::default());
     let batcher = text_batcher(observed.clone());
     // Three tokens and four: close enough to share a batch, the first padded by one.
-    let answer = batcher.infer(InferRequest::sequences(vec![sequence(&[5, 6, 7]), sequence(&[5, 6, 7, 8])])).await;
+    let answer = batcher.infer(pooled(vec![sequence(&[5, 6, 7]), sequence(&[5, 6, 7, 8])])).await;
     let answer = answer.expect("answered");
     assert_eq!(answer.outputs[0].shape(), &[2, 1]);
     assert_eq!(answer.outputs[0].to_vec::<f32>().expect("fp32"), vec![3.0, 4.0], "padding is masked out");
@@ -102,8 +123,8 @@ async fn hidden_states_come_back_one_per_sequence_and_never_share_a_run_with_out
     // A long queue delay gathers all three sequences: only their keys keep them apart.
     let gathering = BatchingConfig { max_queue_delay_us: 200_000, ..batched(8) };
     let batcher = text_batcher_with(observed.clone(), true, &gathering);
-    let hidden = InferRequest::sequences(vec![sequence(&[5, 6, 7]), sequence(&[5, 6, 7, 8])]).with_hidden_states();
-    let plain = InferRequest::sequences(vec![sequence(&[5, 6, 7])]);
+    let hidden = per_token(vec![sequence(&[5, 6, 7]), sequence(&[5, 6, 7, 8])]);
+    let plain = pooled(vec![sequence(&[5, 6, 7])]);
     let (hidden, plain) = tokio::join!(batcher.infer(hidden), batcher.infer(plain));
     let hidden = hidden.expect("answered");
     // Padded to the batch's longest, the padding masked: the task cuts each back to its own length.
@@ -116,7 +137,7 @@ async fn hidden_states_come_back_one_per_sequence_and_never_share_a_run_with_out
     assert_eq!(runs, vec![(1, true), (2, true)], "per-token and pooled sequences run apart");
 
     let without = text_batcher_with(Arc::new(Observed::default()), false, &BatchingConfig::default());
-    let err = without.infer(InferRequest::sequences(vec![sequence(&[5])]).with_hidden_states()).await;
+    let err = without.infer(per_token(vec![sequence(&[5])])).await;
     assert!(matches!(&err, Err(BatchError::InvalidInput(m)) if m.contains("per-token")), "{err:?}");
 }
 
@@ -129,10 +150,10 @@ async fn sequences_the_batcher_cannot_pad_are_refused_before_they_queue() {
     uneven[1] = Tensor::from_slice(vec![1, 4], &[1i64; 4]).expect("valid");
     let empty = vec![Tensor::from_slice::<i64>(vec![1, 0], &[]).expect("valid"); 2];
     for (what, inputs) in [("rank 1", flat), ("unequal lengths", uneven), ("no tokens", empty)] {
-        let err = batcher.infer(InferRequest::sequences(vec![inputs])).await.expect_err(what);
+        let err = batcher.infer(pooled(vec![inputs])).await.expect_err(what);
         assert!(matches!(&err, BatchError::InvalidInput(m) if m.contains("[rows, seq]")), "{what}: {err}");
     }
-    let err = batcher.infer(InferRequest::sequences(vec![])).await.expect_err("no sequences");
+    let err = batcher.infer(pooled(vec![])).await.expect_err("no sequences");
     assert!(matches!(&err, BatchError::InvalidInput(m) if m.contains("no sequences")), "{err}");
     assert_eq!(*observed.queued.borrow(), 0);
     assert_eq!(observed.batches(), vec![]);

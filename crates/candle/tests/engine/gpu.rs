@@ -30,7 +30,7 @@ fn devices_are_chosen_as_configured() {
     for (spec, want) in [(DeviceSpec::Cuda(0), "cuda:0"), (DeviceSpec::Auto, "cuda:0"), (DeviceSpec::Cpu, "cpu")] {
         let mut c = config(dir.path(), file.clone(), None);
         c.device = spec;
-        let mut engine = CandleEngine::load(&c, Precision::Fp32).expect("loads");
+        let mut engine = CandleEngine::load(&c, Precision::Fp32, &[]).expect("loads");
         assert_eq!(engine.metadata().device, want, "{spec}");
         let got = run(&mut engine);
         let want: Vec<f64> = ROWS.iter().flat_map(reference).collect();
@@ -40,7 +40,7 @@ fn devices_are_chosen_as_configured() {
     }
     let mut c = config(dir.path(), file, None);
     c.device = DeviceSpec::Cuda(count);
-    let err = CandleEngine::load(&c, Precision::Fp32).expect_err("there is no such GPU").to_string();
+    let err = CandleEngine::load(&c, Precision::Fp32, &[]).expect_err("there is no such GPU").to_string();
     assert!(err.contains(&format!("cannot use GPU {count}")), "{err}");
 }
 
@@ -52,7 +52,7 @@ fn the_default_precision_applies_on_a_gpu() {
     let mut c = config(dir.path(), file, None);
     c.device = DeviceSpec::Cuda(0);
     for default in [Precision::Fp16, Precision::Bf16, Precision::Fp32] {
-        let engine = CandleEngine::load(&c, default).expect("loads");
+        let engine = CandleEngine::load(&c, default, &[]).expect("loads");
         assert_eq!(engine.metadata().precision, default, "no precision in model.toml: the server's default applies");
     }
 }
@@ -66,7 +66,7 @@ fn every_precision_matches_the_reference_on_the_gpu() {
     for (precision, tolerance) in [(Precision::Fp32, 1e-6), (Precision::Fp16, 1e-2), (Precision::Bf16, 5e-2)] {
         let mut c = config(dir.path(), file.clone(), Some(precision));
         c.device = DeviceSpec::Cuda(0);
-        let mut engine = CandleEngine::load(&c, Precision::Fp32).expect("loads");
+        let mut engine = CandleEngine::load(&c, Precision::Fp32, &[]).expect("loads");
         assert_eq!((engine.metadata().device.as_str(), engine.metadata().precision), ("cuda:0", precision));
         let got = run(&mut engine);
         for (g, w) in got.iter().zip(&want) {
@@ -84,7 +84,7 @@ fn fp16_inputs_and_outputs_stay_fp16_on_the_gpu() {
     c.device = DeviceSpec::Cuda(0);
     c.inputs = vec![TensorSpec { name: "x".into(), datatype: DataType::Fp16, shape: vec![-1, 3] }];
     c.outputs = vec![TensorSpec { name: "y".into(), datatype: DataType::Fp16, shape: vec![-1, 2] }];
-    let mut engine = CandleEngine::load(&c, Precision::Fp32).expect("loads");
+    let mut engine = CandleEngine::load(&c, Precision::Fp32, &[]).expect("loads");
     let x: Vec<half::f16> = ROWS[1].iter().map(|&v| half::f16::from_f64(v)).collect();
     let out = engine.run(&[Tensor::from_slice(vec![1, 3], &x).expect("valid")]).expect("runs");
     assert_eq!(out[0].dtype(), DataType::Fp16);
@@ -105,7 +105,7 @@ fn a_large_batch_leaves_no_gpu_memory_behind_once_released() {
     let dir = tempfile::tempdir().expect("tempdir");
     // A hidden layer of 4096 FP32: a batch of 16,384 rows holds 256 MiB in it, 512 MiB with its activation.
     let (_, c) = write_sparse_mlp(dir.path(), 4096);
-    let mut engine = CandleEngine::load(&c, Precision::Fp32).expect("loads");
+    let mut engine = CandleEngine::load(&c, Precision::Fp32, &[]).expect("loads");
     let device = Device::new_cuda(0).expect("GPU 0");
     let rows = 16_384;
     let input = Tensor::from_slice(vec![rows, 64], &vec![1f32; rows * 64]).expect("valid");
@@ -134,7 +134,7 @@ fn an_unloaded_model_gives_its_gpu_memory_back() {
     // 512 MiB of weights.
     let (_, c) = write_sparse_mlp(dir.path(), hidden_for(512 << 20));
     let device = Device::new_cuda(0).expect("GPU 0");
-    let engine = CandleEngine::load(&c, Precision::Fp32).expect("loads");
+    let engine = CandleEngine::load(&c, Precision::Fp32, &[]).expect("loads");
     let (loaded, _) = memory(&device);
     drop(engine);
     let (unloaded, _) = memory(&device);
@@ -188,13 +188,13 @@ fn a_model_larger_than_the_gpu_is_a_clean_load_error() {
     // Weights of twice the GPU's memory: refused from the file's header, before anything is copied.
     let (_, total) = memory(&Device::new_cuda(0).expect("GPU 0"));
     let (_, c) = write_sparse_mlp(dir.path(), hidden_for(2 * total));
-    let err = CandleEngine::load(&c, Precision::Fp32).expect_err("does not fit").to_string();
+    let err = CandleEngine::load(&c, Precision::Fp32, &[]).expect_err("does not fit").to_string();
     assert!(err.contains("GPU memory in fp32") && err.contains("cuda:0 has"), "{err}");
     // The GPU is unharmed: a model that fits loads and runs.
     let file = write_weights(dir.path());
     let mut small = config(dir.path(), file, None);
     small.device = DeviceSpec::Cuda(0);
-    let mut engine = CandleEngine::load(&small, Precision::Fp32).expect("a small model still loads");
+    let mut engine = CandleEngine::load(&small, Precision::Fp32, &[]).expect("a small model still loads");
     run(&mut engine);
 }
 
@@ -208,10 +208,10 @@ fn a_model_that_fits_the_gpu_but_not_its_free_memory_is_refused_until_memory_fre
     let (free, _) = memory(&device);
     // Another tenant holds all but 512 MiB.
     let hog = candle_core::Tensor::zeros(free - (512 << 20), DType::U8, &device).expect("a plain allocation");
-    let err = CandleEngine::load(&c, Precision::Fp32).expect_err("no room while the memory is held").to_string();
+    let err = CandleEngine::load(&c, Precision::Fp32, &[]).expect_err("no room while the memory is held").to_string();
     assert!(err.contains("need 1.00 GiB of GPU memory"), "{err}");
     drop(hog);
-    let mut engine = CandleEngine::load(&c, Precision::Fp32).expect("loads once the memory is free");
+    let mut engine = CandleEngine::load(&c, Precision::Fp32, &[]).expect("loads once the memory is free");
     let out = engine.run(&[Tensor::from_slice(vec![1, 64], &[1f32; 64]).expect("valid")]).expect("runs");
     assert_eq!(out[0].to_vec::<f32>().expect("fp32"), vec![0f32; 10], "zero weights give zero logits");
 }

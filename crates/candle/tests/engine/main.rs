@@ -79,7 +79,7 @@ fn run(engine: &mut CandleEngine) -> Vec<f32> {
 fn fp32_matches_the_hand_computed_reference() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = write_weights(dir.path());
-    let mut engine = CandleEngine::load(&config(dir.path(), file, None), Precision::Fp16).expect("loads");
+    let mut engine = CandleEngine::load(&config(dir.path(), file, None), Precision::Fp16, &[]).expect("loads");
     let meta = engine.metadata().clone();
     assert_eq!(meta.device, "cpu");
     assert_eq!(meta.precision, Precision::Fp32, "the fp16 default does not apply on the CPU");
@@ -98,8 +98,8 @@ fn fp16_and_bf16_stay_within_their_precision() {
     let file = write_weights(dir.path());
     let want: Vec<f64> = ROWS.iter().flat_map(reference).collect();
     for (precision, tolerance) in [(Precision::Fp16, 1e-2), (Precision::Bf16, 5e-2)] {
-        let mut engine =
-            CandleEngine::load(&config(dir.path(), file.clone(), Some(precision)), Precision::Fp32).expect("loads");
+        let mut engine = CandleEngine::load(&config(dir.path(), file.clone(), Some(precision)), Precision::Fp32, &[])
+            .expect("loads");
         assert_eq!(engine.metadata().precision, precision);
         let got = run(&mut engine);
         for (g, w) in got.iter().zip(&want) {
@@ -115,7 +115,7 @@ fn fp16_inputs_and_outputs_are_served_natively() {
     let mut c = config(dir.path(), file, Some(Precision::Fp16));
     c.inputs = vec![TensorSpec { name: "x".into(), datatype: DataType::Fp16, shape: vec![-1, 3] }];
     c.outputs = vec![TensorSpec { name: "y".into(), datatype: DataType::Fp16, shape: vec![-1, 2] }];
-    let mut engine = CandleEngine::load(&c, Precision::Fp32).expect("loads");
+    let mut engine = CandleEngine::load(&c, Precision::Fp32, &[]).expect("loads");
     let x: Vec<half::f16> = ROWS[0].iter().map(|&v| half::f16::from_f64(v)).collect();
     let out = engine.run(&[Tensor::from_slice(vec![1, 3], &x).expect("valid")]).expect("runs");
     assert_eq!(out[0].dtype(), DataType::Fp16);
@@ -155,7 +155,7 @@ fn bad_configurations_are_refused_with_the_field_named() {
     for (edit, expected) in cases {
         let mut c = config(dir.path(), file.clone(), None);
         edit(&mut c);
-        let err = CandleEngine::load(&c, Precision::Fp32).expect_err("refused").to_string();
+        let err = CandleEngine::load(&c, Precision::Fp32, &[]).expect_err("refused").to_string();
         assert!(err.contains(expected), "expected {expected:?} in {err:?}");
     }
 }
@@ -224,7 +224,7 @@ fn wide_network_agrees_with_f64(device: DeviceSpec, expect_device: &str) {
         let candle = c.candle.as_mut().expect("candle");
         candle.layers = WIDE.to_vec();
         candle.activations = vec!["relu".into(), "tanh".into(), "none".into()];
-        let mut engine = CandleEngine::load(&c, Precision::Fp32).expect("loads");
+        let mut engine = CandleEngine::load(&c, Precision::Fp32, &[]).expect("loads");
         assert_eq!(engine.metadata().device, expect_device);
         let x = Tensor::from_slice(vec![WIDE_ROWS, WIDE[0]], &wide_inputs()).expect("valid");
         let got = engine.run(&[x]).expect("runs")[0].to_vec::<f32>().expect("fp32");
@@ -249,6 +249,6 @@ fn a_gpu_is_refused_with_a_clear_message_in_a_cpu_build() {
     let file = write_weights(dir.path());
     let mut c = config(dir.path(), file, None);
     c.device = DeviceSpec::Cuda(0);
-    let err = CandleEngine::load(&c, Precision::Fp32).expect_err("no CUDA here").to_string();
+    let err = CandleEngine::load(&c, Precision::Fp32, &[]).expect_err("no CUDA here").to_string();
     assert!(err.contains("built without CUDA support"), "{err}");
 }

@@ -119,7 +119,7 @@ impl FromStr for Precision {
 
 /// What a model does with its inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum Task {
     /// Tensors in, tensors out.
     #[default]
@@ -130,6 +130,10 @@ pub enum Task {
     Rerank,
     /// A sequence classifier: texts (or pairs of texts) in, a score per label out.
     Classify,
+    /// Sparse embeddings (SPLADE): texts in, a weight per vocabulary entry out, most of them zero.
+    EmbedSparse,
+    /// A token classifier (named entities): texts in, labelled spans of each text out.
+    TokenClassify,
 }
 
 impl Task {
@@ -139,6 +143,8 @@ impl Task {
             Task::Embed => "embed",
             Task::Rerank => "rerank",
             Task::Classify => "classify",
+            Task::EmbedSparse => "embed_sparse",
+            Task::TokenClassify => "token_classify",
         }
     }
 
@@ -147,9 +153,10 @@ impl Task {
         self != Task::Tensors
     }
 
-    /// Whether the model scores texts with a classification head (a score per label) rather than embedding them.
-    pub fn scores(self) -> bool {
-        matches!(self, Task::Rerank | Task::Classify)
+    /// Whether the model ends in a classification head whose outputs are labels (`labels` in `model.toml`,
+    /// `id2label` in the hub's `config.json`).
+    pub fn has_labels(self) -> bool {
+        matches!(self, Task::Rerank | Task::Classify | Task::TokenClassify)
     }
 }
 

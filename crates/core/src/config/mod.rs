@@ -270,11 +270,13 @@ impl ModelConfig {
         }
         if !self.task.is_text() && self.text != TextOverrides::default() {
             return Err("tokenizer, pooling, normalize, max_seq_len and labels belong to text models: add task = \
-                        \"embed\", \"rerank\" or \"classify\""
+                        \"embed\", \"embed_sparse\", \"rerank\", \"classify\" or \"token_classify\""
                 .into());
         }
-        if self.text.labels.is_some() && !self.task.scores() {
-            return Err("labels: only a model with task = \"rerank\" or \"classify\" has labels".into());
+        if self.text.labels.is_some() && !self.task.has_labels() {
+            return Err(
+                "labels: only a model with task = \"rerank\", \"classify\" or \"token_classify\" has labels".into()
+            );
         }
         if self.text.labels.as_ref().is_some_and(|l| l.is_empty() || l.iter().any(String::is_empty)) {
             return Err("labels: a list of non-empty names, one per output of the classification head".into());

@@ -1,16 +1,42 @@
 //! The embed task: texts (or token ids) in, tokenized into one token sequence per text for the batcher, which
-//! batches them by tokens; pooled vectors out, normalised when asked. Its public face on the tensor protocols is
-//! a `BYTES` input of texts and an `FP32` embedding output. Tokenizing is CPU work: [`Task::prepare_is_heavy`].
+//! batches them by tokens; pooled vectors out, cut to the dimensions asked for (Matryoshka) and normalised as asked,
+//! or each token's state. Its public face on the tensor protocols is a `BYTES` input of texts and an `FP32`
+//! embedding output. Tokenizing is CPU work: [`Task::prepare_is_heavy`].
+
+use std::sync::Arc;
 
 use inferd_batcher::InferRequest;
-use inferd_core::text::EMBEDDING_OUTPUT;
-use inferd_core::{DataType, ModelMetadata, Tensor, TensorSpec};
+use inferd_core::text::Contract;
+use inferd_core::{DataType, ModelConfig, ModelMetadata, Tensor, TensorSpec};
 
 use super::text::{strings_of, TextFront};
-use super::{Answer, Input, Prepared, Request, Task, TaskError, TextInput, Texts, Token};
+use super::{refused, Answer, Input, Prepared, Registration, Request, Service, Task, TaskError, TextInput, Texts};
 
-/// The name of a text model's one input on the tensor protocols (KServe v2, `/predict`).
+pub(super) const REGISTRATION: Registration = Registration {
+    service: Service::Embed,
+    // Each token's state where the engine gives it: what `/embed_all` serves.
+    contracts: &[Contract::Pooled, Contract::TokenStates],
+    load: |_: &ModelConfig, engine: &ModelMetadata| Ok(Arc::new(EmbedTask::load(engine)?)),
+};
+
+/// The name of a text model's texts on the tensor protocols (KServe v2, `/predict`).
 pub const TEXT_INPUT: &str = "text";
+/// The name of an embedding model's output on the tensor protocols.
+pub const EMBEDDING_OUTPUT: &str = "embedding";
+
+/// Unit-length embeddings (`true`) or as the model leaves them; without it, as the model's folder says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Normalize(pub bool);
+
+/// The embedding's first dimensions only (a Matryoshka model's shorter embedding), renormalised when the answer is
+/// normalised. At least 1, at most the model's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dimensions(pub usize);
+
+/// Each token's vector, unpooled and as the encoder left it, rather than one per text: the answer is one FP32
+/// `[tokens, dim]` tensor per text, special tokens included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PerToken;
 
 /// A loaded embedding model's tokenizer and public face.
 pub struct EmbedTask {
@@ -21,7 +47,7 @@ pub struct EmbedTask {
 
 impl std::fmt::Debug for EmbedTask {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmbedTask").field("info", &self.front.info).finish_non_exhaustive()
+        f.debug_struct("EmbedTask").field("info", self.front.info()).finish_non_exhaustive()
     }
 }
 
@@ -34,7 +60,7 @@ impl EmbedTask {
             outputs: vec![TensorSpec {
                 name: EMBEDDING_OUTPUT.into(),
                 datatype: DataType::Fp32,
-                shape: vec![-1, front.info.dimensions as i64],
+                shape: vec![-1, front.info().dimensions as i64],
             }],
             ..engine.clone()
         };
@@ -59,7 +85,7 @@ impl EmbedTask {
         tokens: usize,
         deadline: Option<std::time::Instant>,
     ) -> Result<Prepared, TaskError> {
-        if !self.front.info.hidden_states {
+        if !self.front.info().serves(Contract::TokenStates) {
             return Err(TaskError::Invalid(
                 "it gives no vector per token: its engine has no per-token states (an ONNX graph needs a \
                  [batch, sequence, dim] output)"
@@ -68,16 +94,16 @@ impl EmbedTask {
         }
         let lengths: Vec<usize> =
             sequences.iter().map(|s| s.first().and_then(|t| t.shape().get(1)).copied().unwrap_or(0)).collect();
-        let values = tokens.saturating_mul(self.front.info.dimensions);
+        let values = tokens.saturating_mul(self.front.info().dimensions);
         if values > PER_TOKEN_MAX_VALUES {
             return Err(TaskError::OverLimit(format!(
                 "a vector per token for these texts is {values} values ({tokens} tokens of {}); a request may ask for \
                  at most {PER_TOKEN_MAX_VALUES}: send fewer or shorter texts",
-                self.front.info.dimensions
+                self.front.info().dimensions
             )));
         }
         Ok(Prepared::new(
-            InferRequest::sequences(sequences).with_deadline(deadline).with_hidden_states(),
+            InferRequest::sequences(sequences, Contract::TokenStates).with_deadline(deadline).with_pieces_apart(),
             Box::new(move |states| {
                 if states.len() != lengths.len() {
                     return Err(TaskError::Internal(format!(
@@ -115,41 +141,47 @@ impl Task for EmbedTask {
         &self.public
     }
 
+    fn service(&self) -> Service {
+        REGISTRATION.service
+    }
+
     fn prepare_is_heavy(&self) -> bool {
         true
     }
 
     fn prepare(&self, request: Request, max_rows: usize) -> Result<Prepared, TaskError> {
         let input = match request.input {
-            Input::Text(input) => input,
+            Input::Texts(input) => input,
             Input::Tensors(tensors) => Self::texts_of(&tensors)?,
-            Input::Score(_) => {
-                return Err(TaskError::Invalid(
-                    "it embeds text (its task is `embed`): it does not rerank or classify".into(),
-                ))
-            }
-            Input::Images(_) => {
-                return Err(TaskError::Invalid("it embeds text (its task is `embed`): it takes no pictures".into()))
-            }
+            other => return Err(refused(REGISTRATION.service, &other)),
         };
         if matches!(input.texts, Texts::Pairs(_)) {
             return Err(TaskError::Invalid("it embeds single texts: it takes no pairs of texts".into()));
         }
-        let info = &self.front.info;
-        if let Some(asked) = input.dimensions.filter(|&asked| asked != info.dimensions) {
-            return Err(TaskError::Invalid(format!(
-                "dimensions: this model gives {}-dimensional embeddings and cannot shorten them to {asked}",
-                info.dimensions
-            )));
-        }
+        let options = &request.options;
+        let info = self.front.info();
+        let full = info.dimensions;
+        let dimensions = match options.get::<Dimensions>() {
+            None => full,
+            Some(&Dimensions(0)) => return Err(TaskError::Invalid("dimensions: must be at least 1".into())),
+            Some(&Dimensions(asked)) if asked > full => {
+                return Err(TaskError::Invalid(format!(
+                    "dimensions: this model gives {full}-dimensional embeddings and cannot lengthen them to {asked}"
+                )))
+            }
+            Some(&Dimensions(asked)) => asked,
+        };
         let (sequences, tokens) = self.front.sequences(&input, max_rows, "embed")?;
-        if input.per_token {
+        if options.get::<PerToken>().is_some() {
             return self.per_token(sequences, tokens, request.deadline);
         }
-        let normalize = input.normalize.unwrap_or(info.normalize);
+        let normalize = options.get::<Normalize>().map_or(info.normalize, |n| n.0);
         Ok(Prepared::new(
-            InferRequest::sequences(sequences).with_deadline(request.deadline),
+            InferRequest::sequences(sequences, Contract::Pooled).with_deadline(request.deadline),
             Box::new(move |mut tensors| {
+                if dimensions < full {
+                    tensors = tensors.iter().map(|t| first_columns(t, dimensions)).collect::<Result<_, _>>()?;
+                }
                 if normalize {
                     tensors = tensors.iter().map(normalize_rows).collect::<Result<_, _>>()?;
                 }
@@ -158,13 +190,20 @@ impl Task for EmbedTask {
         ))
     }
 
-    fn tokenize(&self, texts: &[String], special: bool) -> Result<Vec<Vec<Token>>, TaskError> {
-        self.front.tokens(texts, special)
+    fn tokenizer(&self) -> Option<&TextFront> {
+        Some(&self.front)
     }
+}
 
-    fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TaskError> {
-        self.front.decode(ids, skip_special)
-    }
+/// The first `n` columns of each row of an `FP32 [rows, dim]` tensor.
+fn first_columns(t: &Tensor, n: usize) -> Result<Tensor, TaskError> {
+    let internal = |e: inferd_core::Error| TaskError::Internal(e.to_string());
+    let &[rows, dim] = t.shape() else {
+        return Err(TaskError::Internal(format!("embeddings came back as {:?}", t.shape())));
+    };
+    let values = t.to_vec::<f32>().map_err(internal)?;
+    let kept: Vec<f32> = values.chunks_exact(dim.max(1)).flat_map(|row| &row[..n.min(dim)]).copied().collect();
+    Tensor::from_slice(vec![rows, n.min(dim)], &kept).map_err(internal)
 }
 
 /// Scales each row of an `FP32 [rows, dim]` tensor to unit length.

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use inferd_core::text::{TextInfo, ATTENTION_MASK, INPUT_IDS, TOKEN_TYPE_IDS};
+use inferd_core::text::{Contract, TextInfo, ATTENTION_MASK, INPUT_IDS, TOKEN_TYPE_IDS};
 use inferd_core::{Pooling, Precision};
 
 use super::*;
@@ -47,14 +47,17 @@ fn task_with(dir: &Path, max_seq_len: usize, dimensions: usize, hidden_states: b
             vocab_size: None,
             labels: Vec::new(),
             multi_label: false,
-            hidden_states,
+            contracts: match hidden_states {
+                true => vec![Contract::Pooled, Contract::TokenStates],
+                false => vec![Contract::Pooled],
+            },
         }),
     };
     EmbedTask::load(&engine).expect("loads")
 }
 
 fn texts(texts: &[&str]) -> Request {
-    Request::new(Input::Text(TextInput::new(Texts::Strings(texts.iter().map(|t| (*t).to_owned()).collect()))))
+    Request::new(Input::Texts(TextInput::new(Texts::Strings(texts.iter().map(|t| (*t).to_owned()).collect()))))
 }
 
 fn ids(sequence: &[Tensor]) -> Vec<i64> {
@@ -87,7 +90,7 @@ fn long_texts_are_cut_unless_the_request_refuses_truncation() {
     assert_eq!(ids(&sequences.expect("sequences")[0]), [2, 4, 5, 3]);
     let mut refused = TextInput::new(Texts::Strings(vec!["dynamic batching is fast".into()]));
     refused.truncate = false;
-    let error = task.prepare(Request::new(Input::Text(refused)), 8).expect_err("too long");
+    let error = task.prepare(Request::new(Input::Texts(refused)), 8).expect_err("too long");
     assert_eq!(
         error,
         TaskError::Invalid(
@@ -102,7 +105,7 @@ fn truncating_on_the_left_keeps_a_texts_end_and_its_special_tokens() {
     let task = task(dir.path(), 4);
     let left = |texts: Texts| {
         let input = TextInput { truncate_left: true, ..TextInput::new(texts) };
-        task.prepare(Request::new(Input::Text(input)), 8).expect("cut").into_sequences().expect("sequences")
+        task.prepare(Request::new(Input::Texts(input)), 8).expect("cut").into_sequences().expect("sequences")
     };
     assert_eq!(ids(&left(Texts::Strings(vec!["dynamic batching is fast".into()]))[0]), [2, 6, 7, 3]);
     assert_eq!(ids(&left(Texts::Ids(vec![vec![4, 5, 6, 7, 4]]))[0]), [5, 6, 7, 4]);
@@ -118,18 +121,20 @@ fn bad_texts_and_ids_are_the_clients_fault_and_too_many_are_over_the_limit() {
     };
     assert!(invalid(texts(&[])).contains("the input is empty"));
     assert!(invalid(texts(&["fast", ""])).contains("text 1 is empty"));
-    let ids_request = |lists: Vec<Vec<u32>>| Request::new(Input::Text(TextInput::new(Texts::Ids(lists))));
+    let ids_request = |lists: Vec<Vec<u32>>| Request::new(Input::Texts(TextInput::new(Texts::Ids(lists))));
     assert!(invalid(ids_request(vec![vec![2, 99, 3]])).contains("id 99 is outside the model's vocabulary of 8"));
     assert!(invalid(ids_request(vec![vec![]])).contains("token list 0 is empty"));
     let bytes = Tensor::from_byte_strings(vec![1], vec![vec![0xff, 0xfe]]).expect("bytes");
     assert!(invalid(Request::new(Input::Tensors(vec![bytes]))).contains("element 0 is not UTF-8"));
     assert!(matches!(task.prepare(texts(&["is", "is", "is"]), 2), Err(TaskError::OverLimit(_))));
-    let mut shorter = TextInput::new(Texts::Strings(vec!["fast".into()]));
-    shorter.dimensions = Some(1);
-    let error = invalid(Request::new(Input::Text(shorter.clone())));
-    assert_eq!(error, "dimensions: this model gives 2-dimensional embeddings and cannot shorten them to 1");
-    shorter.dimensions = Some(2);
-    assert!(task.prepare(Request::new(Input::Text(shorter)), 2).is_ok(), "its own length is fine");
+    let asking = |n| texts(&["fast"]).with(Dimensions(n));
+    assert_eq!(invalid(asking(0)), "dimensions: must be at least 1");
+    assert_eq!(
+        invalid(asking(3)),
+        "dimensions: this model gives 2-dimensional embeddings and cannot lengthen them to 3"
+    );
+    assert!(task.prepare(asking(2), 2).is_ok(), "its own length is fine");
+    assert!(task.prepare(asking(1), 2).is_ok(), "a shorter one is fine");
     // Client-tokenized ids are used as they are.
     let sequences = task.prepare(ids_request(vec![vec![2, 7, 3]]), 2).expect("ids").into_sequences();
     assert_eq!(ids(&sequences.expect("sequences")[0]), [2, 7, 3]);
@@ -144,10 +149,22 @@ fn the_answer_is_normalised_unless_the_request_says_not_and_counts_tokens() {
     let answer = (prepared.finish)(raw()).expect("answer");
     assert_eq!(answer.tokens, 7);
     assert_eq!(answer.tensors[0].to_vec::<f32>().expect("values"), [0.6, 0.8, 0.0, 1.0]);
-    let mut plain = TextInput::new(Texts::Strings(vec!["fast".into(), "is".into()]));
-    plain.normalize = Some(false);
-    let prepared = task.prepare(Request::new(Input::Text(plain)), 8).expect("prepared");
+    let plain = texts(&["fast", "is"]).with(Normalize(false));
+    let prepared = task.prepare(plain, 8).expect("prepared");
     assert_eq!((prepared.finish)(raw()).expect("answer").tensors[0].to_vec::<f32>().expect("v"), [3.0, 4.0, 0.0, 2.0]);
+}
+
+#[test]
+fn fewer_dimensions_keep_the_first_ones_renormalised_when_the_answer_is_normalised() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let task = task_with(dir.path(), 16, 3, false);
+    let raw = || vec![Tensor::from_slice(vec![2, 3], &[3.0f32, 4.0, 12.0, 0.0, -2.0, 5.0]).expect("tensor")];
+    let answer = |request| (task.prepare(request, 8).expect("prepared").finish)(raw()).expect("answer");
+    let normalised = answer(texts(&["is fast", "fast"]).with(Dimensions(2)));
+    assert_eq!(normalised.tensors[0].shape(), [2, 2]);
+    assert_eq!(normalised.tensors[0].to_vec::<f32>().expect("values"), [0.6, 0.8, 0.0, -1.0]);
+    let plain = answer(texts(&["is fast", "fast"]).with(Dimensions(2)).with(Normalize(false)));
+    assert_eq!(plain.tensors[0].to_vec::<f32>().expect("values"), [3.0, 4.0, 0.0, -2.0]);
 }
 
 #[test]
@@ -155,7 +172,7 @@ fn a_per_token_answer_is_cut_to_each_texts_tokens_and_bounded_in_size() {
     let dir = tempfile::tempdir().expect("tempdir");
     let per_token = |texts: &[&str]| {
         let strings = Texts::Strings(texts.iter().map(|t| (*t).to_owned()).collect());
-        Request::new(Input::Text(TextInput { per_token: true, ..TextInput::new(strings) }))
+        Request::new(Input::Texts(TextInput::new(strings))).with(PerToken)
     };
     let refused = task(dir.path(), 16).prepare(per_token(&["fast"]), 8).expect_err("no states");
     assert!(matches!(&refused, TaskError::Invalid(m) if m.contains("no vector per token")), "{refused}");

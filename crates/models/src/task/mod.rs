@@ -1,30 +1,122 @@
 //! A model's task: what it does with a request before the batcher (the client's form → the engine's tensors) and
-//! after it (the engine's outputs → the answer). Protocols decode into a [`Request`] and encode an [`Answer`];
-//! they never see a task's insides. A new task is one new type implementing [`Task`], and one line in [`for_model`].
+//! after it (the engine's outputs → the answer), what it asks of the engine (its contracts), and what it serves.
+//! Protocols decode into a [`Request`], ask the task what it serves ([`Service`]) rather than its name, and encode
+//! an [`Answer`]; they never see a task's insides. A new task is one new type implementing [`Task`] with its
+//! [`Registration`], one line in [`registration`], and its kind in `model.toml` (`inferd_core::Task`).
 
 mod embed;
 mod image;
 mod score;
+mod sparse;
 mod tensors;
 mod text;
+mod token;
 
+use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inferd_batcher::InferRequest;
+use inferd_core::text::Contract;
 use inferd_core::{ModelConfig, ModelMetadata, Tensor};
 
-pub use self::embed::{EmbedTask, TEXT_INPUT};
+pub use self::embed::{Dimensions, EmbedTask, Normalize, PerToken, TEXT_INPUT};
 pub use self::image::{file_from_base64, triton_classification, Class, Detection, ImageTask, Picture, Reading};
-pub use self::score::{ScoreTask, QUERY_INPUT, SCORES_OUTPUT, SCORE_OUTPUT};
+pub use self::score::{RawScores, ScoreTask, QUERY_INPUT, SCORES_OUTPUT, SCORE_OUTPUT};
+pub use self::sparse::SparseTask;
 pub use self::tensors::TensorTask;
+pub use self::text::TextFront;
+pub use self::token::{Aggregation, Entity, IgnoreLabels, TokenTask};
 
 /// Holds `bytes` more of the server's in-flight budget for a request, or refuses it.
 pub type Reserve = Arc<dyn Fn(usize) -> Result<(), TaskError> + Send + Sync>;
 
+/// What a model serves, as its task says: what the protocols ask of a model rather than the name of its task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Service {
+    /// Tensors in, tensors out.
+    Tensors,
+    /// Pictures in, each output read per picture (labels, boxes).
+    Images,
+    /// Texts in, one dense vector each.
+    Embed,
+    /// Texts in, one sparse vector of vocabulary weights each.
+    EmbedSparse,
+    /// A query and texts in, a relevance score per text.
+    Rerank,
+    /// Texts or pairs of texts in, a score per label each.
+    Classify,
+    /// Texts in, the labelled spans (entities) of each.
+    TokenClassify,
+}
+
+impl Service {
+    /// What it does, in a message: "embeds text", "reranks text", ….
+    pub fn does(self) -> &'static str {
+        match self {
+            Service::Tensors => "takes and gives tensors",
+            Service::Images => "reads pictures",
+            Service::Embed => "embeds text",
+            Service::EmbedSparse => "gives sparse embeddings of text",
+            Service::Rerank => "reranks text",
+            Service::Classify => "classifies text",
+            Service::TokenClassify => "classifies the tokens of text",
+        }
+    }
+
+    /// What it does, as an infinitive: "embed text", "rerank text", ….
+    pub fn action(self) -> &'static str {
+        match self {
+            Service::Tensors => "take tensors",
+            Service::Images => "read pictures",
+            Service::Embed => "embed text",
+            Service::EmbedSparse => "give sparse embeddings",
+            Service::Rerank => "rerank text",
+            Service::Classify => "classify text",
+            Service::TokenClassify => "classify tokens",
+        }
+    }
+
+    /// Whether it takes texts, which the server tokenizes.
+    pub fn takes_text(self) -> bool {
+        !matches!(self, Service::Tensors | Service::Images)
+    }
+}
+
+/// How a kind of model is served: what it serves, what it asks of its engine, and how its task is made.
+#[derive(Clone, Copy)]
+pub struct Registration {
+    pub service: Service,
+    /// A text engine's contracts: the first it must compute, the others where it can. None: a tensor model.
+    pub contracts: &'static [Contract],
+    /// Makes the task of a model configured by the config and run by engines of the metadata. Blocking.
+    load: fn(&ModelConfig, &ModelMetadata) -> anyhow::Result<Arc<dyn Task>>,
+}
+
+/// How the model `config` describes is served: the one place that picks a task.
+pub fn registration(config: &ModelConfig) -> Registration {
+    use inferd_core::Task as Kind;
+    match config.task {
+        Kind::Tensors if config.image.is_some() => image::REGISTRATION,
+        Kind::Tensors => tensors::REGISTRATION,
+        Kind::Embed => embed::REGISTRATION,
+        Kind::EmbedSparse => sparse::REGISTRATION,
+        Kind::Rerank => score::RERANK,
+        Kind::Classify => score::CLASSIFY,
+        Kind::TokenClassify => token::REGISTRATION,
+    }
+}
+
+/// The task of a model whose engines report `engine` as their metadata. Blocking (a text model's tokenizer is read).
+pub fn for_model(config: &ModelConfig, engine: &ModelMetadata) -> anyhow::Result<Arc<dyn Task>> {
+    (registration(config).load)(config, engine)
+}
+
 /// What a client asks of a model, in the form a protocol decoded it into.
 pub struct Request {
     pub input: Input,
+    /// What the client asked of the task beyond its input, by type (see [`Options`]).
+    pub options: Options,
     /// The latest instant the request may start running.
     pub deadline: Option<Instant>,
     /// Called by a task before it allocates much for the request (a decoded picture); none: nothing is counted.
@@ -33,7 +125,13 @@ pub struct Request {
 
 impl Request {
     pub fn new(input: Input) -> Self {
-        Request { input, deadline: None, reserve: None }
+        Request { input, options: Options::default(), deadline: None, reserve: None }
+    }
+
+    /// With `option` among its options (replacing one of its type).
+    pub fn with<T: Any + Send>(mut self, option: T) -> Self {
+        self.options.insert(option);
+        self
     }
 
     pub fn with_deadline(mut self, deadline: Option<Instant>) -> Self {
@@ -53,21 +151,54 @@ impl std::fmt::Debug for Request {
     }
 }
 
+/// A request's options, by type: each task defines the options it reads (embed's [`Dimensions`], token
+/// classification's [`Aggregation`], …), and a protocol sets those of the service it speaks for. A task never sees
+/// an option of a type it does not define.
+#[derive(Default)]
+pub struct Options(Vec<Box<dyn Any + Send>>);
+
+impl Options {
+    /// Sets `option`, replacing one of its type.
+    pub fn insert<T: Any + Send>(&mut self, option: T) {
+        self.0.retain(|o| !o.is::<T>());
+        self.0.push(Box::new(option));
+    }
+
+    /// The option of type `T`, if it was set.
+    pub fn get<T: Any>(&self) -> Option<&T> {
+        self.0.iter().find_map(|o| o.downcast_ref::<T>())
+    }
+}
+
 /// The forms a request's input comes in.
 #[derive(Debug)]
 pub enum Input {
     /// Tensors in the order of the task's [`Task::metadata`] inputs, each already checked against its spec (data
-    /// type and shape) by the protocol's decoder. A text model's is one `BYTES` input of texts.
+    /// type and shape) by the protocol's decoder. A text model's are `BYTES` inputs of texts.
     Tensors(Vec<Tensor>),
-    /// Texts, or token ids, to embed, as the text protocols send them.
-    Text(TextInput),
-    /// Texts, or pairs of texts, to score: a reranker's (query, passage) pairs, a classifier's texts.
-    Score(TextInput),
+    /// Texts (or pairs of texts, or token ids), as the text protocols send them.
+    Texts(TextInput),
     /// Encoded pictures (JPEG, PNG, …) for a vision model, as sent.
     Images(Vec<bytes::Bytes>),
 }
 
-/// Texts to embed or score, and how.
+impl Input {
+    /// What it holds, in a message.
+    fn holds(&self) -> &'static str {
+        match self {
+            Input::Tensors(_) => "tensors",
+            Input::Texts(_) => "text",
+            Input::Images(_) => "pictures",
+        }
+    }
+}
+
+/// Why `service` refuses `input`: the client sent a form it does not take.
+fn refused(service: Service, input: &Input) -> TaskError {
+    TaskError::Invalid(format!("it {}: it takes no {}", service.does(), input.holds()))
+}
+
+/// Texts and how a text model takes them: what every text task reads.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TextInput {
     pub texts: Texts,
@@ -75,28 +206,11 @@ pub struct TextInput {
     pub truncate: bool,
     /// Cut a long text's start rather than its end (a pair: still the second text first).
     pub truncate_left: bool,
-    /// Unit-length embeddings; `None`: as the model says.
-    pub normalize: Option<bool>,
-    /// The embedding's length the client asked for; `None`: the model's own.
-    pub dimensions: Option<usize>,
-    /// A scoring model's logits as they are, rather than as probabilities.
-    pub raw_scores: bool,
-    /// An embedding model's vector for each token, unpooled and as the encoder left it, rather than one per text:
-    /// the answer is one FP32 `[tokens, dim]` tensor per text, special tokens included.
-    pub per_token: bool,
 }
 
 impl TextInput {
     pub fn new(texts: Texts) -> Self {
-        TextInput {
-            texts,
-            truncate: true,
-            truncate_left: false,
-            normalize: None,
-            dimensions: None,
-            raw_scores: false,
-            per_token: false,
-        }
+        TextInput { texts, truncate: true, truncate_left: false }
     }
 }
 
@@ -137,20 +251,38 @@ pub struct Token {
 }
 
 /// A model's answer to one request.
-#[derive(Debug)]
 pub struct Answer {
-    /// In the order of the task's [`Task::metadata`] outputs; for [`TextInput::per_token`], one per text.
+    /// In the order of the task's [`Task::metadata`] outputs (what the tensor protocols answer), or as the task's
+    /// service says (an embedder's vectors per token: one tensor per text).
     pub tensors: Vec<Tensor>,
     /// Text models: the tokens the request took, special tokens included; 0 otherwise.
     pub tokens: usize,
-    /// Vision models sent [`Input::Images`]: each picture's readings of the outputs (labels, boxes); empty otherwise.
-    pub pictures: Vec<Picture>,
+    /// What the task's service answers beyond tensors (a vision model's readings of each picture, a token
+    /// classifier's entities), of the task's own type: its protocol reads it with [`Answer::payload`].
+    payload: Option<Box<dyn Any + Send>>,
 }
 
 impl Answer {
     /// An answer of tensors alone.
     pub fn tensors(tensors: Vec<Tensor>, tokens: usize) -> Self {
-        Answer { tensors, tokens, pictures: Vec::new() }
+        Answer { tensors, tokens, payload: None }
+    }
+
+    /// With the service's own answer beside the tensors.
+    pub fn with_payload<T: Any + Send>(mut self, payload: T) -> Self {
+        self.payload = Some(Box::new(payload));
+        self
+    }
+
+    /// The service's own answer, if the task gave one of type `T`.
+    pub fn payload<T: Any>(&self) -> Option<&T> {
+        self.payload.as_ref().and_then(|p| p.downcast_ref::<T>())
+    }
+}
+
+impl std::fmt::Debug for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Answer").field("tensors", &self.tensors).field("tokens", &self.tokens).finish_non_exhaustive()
     }
 }
 
@@ -210,6 +342,9 @@ pub trait Task: Send + Sync + std::fmt::Debug {
     /// The model as the tensor protocols show it (a text model: texts in, embeddings out).
     fn metadata(&self) -> &ModelMetadata;
 
+    /// What it serves: what the protocols ask of it.
+    fn service(&self) -> Service;
+
     /// Whether [`Task::prepare`] is CPU work that must leave an async runtime's threads (tokenizing).
     fn prepare_is_heavy(&self) -> bool {
         false
@@ -219,35 +354,13 @@ pub trait Task: Send + Sync + std::fmt::Debug {
     /// count as rows), and the step after it. May block when [`Task::prepare_is_heavy`].
     fn prepare(&self, request: Request, max_rows: usize) -> Result<Prepared, TaskError>;
 
-    /// Whether the model takes pictures (a vision model): the seed API then reads pictures from its body.
-    fn takes_images(&self) -> bool {
-        false
-    }
-
     /// The class names of output `output` (by its index in [`Task::metadata`]), if the model has them.
     fn labels(&self, _output: usize) -> Option<&[String]> {
         None
     }
 
-    /// Each text's tokens as the model's tokenizer makes them, with its special tokens when `special`. Blocking.
-    fn tokenize(&self, _texts: &[String], _special: bool) -> Result<Vec<Vec<Token>>, TaskError> {
-        Err(TaskError::Invalid("it takes tensors, not text: it has no tokenizer".into()))
+    /// A text model's tokenizer, for its own services (`/tokenize`, `/decode`).
+    fn tokenizer(&self) -> Option<&TextFront> {
+        None
     }
-
-    /// The text that token `ids` stand for, without special tokens when `skip_special`. Blocking.
-    fn decode(&self, _ids: &[u32], _skip_special: bool) -> Result<String, TaskError> {
-        Err(TaskError::Invalid("it takes tensors, not text: it has no tokenizer".into()))
-    }
-}
-
-/// The task of a model whose engines report `engine` as their metadata: the one place that picks a task.
-/// Blocking (a text model's tokenizer is read).
-pub fn for_model(config: &ModelConfig, engine: &ModelMetadata) -> anyhow::Result<Arc<dyn Task>> {
-    Ok(match config.task {
-        inferd_core::Task::Tensors if config.image.is_some() => Arc::new(ImageTask::load(config, engine)?),
-        inferd_core::Task::Tensors => Arc::new(TensorTask::new(engine.clone())),
-        inferd_core::Task::Embed => Arc::new(EmbedTask::load(engine)?),
-        inferd_core::Task::Rerank => Arc::new(ScoreTask::load(engine, true)?),
-        inferd_core::Task::Classify => Arc::new(ScoreTask::load(engine, false)?),
-    })
 }

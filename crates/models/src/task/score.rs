@@ -6,11 +6,31 @@
 //! reranker takes `query` and `text` (`BYTES`) and gives `score` (`FP32 [texts]`); a classifier takes `text` and
 //! gives `scores` (`FP32 [texts, labels]`).
 
+use std::sync::Arc;
+
 use inferd_batcher::InferRequest;
-use inferd_core::{DataType, ModelMetadata, Tensor, TensorSpec};
+use inferd_core::text::Contract;
+use inferd_core::{DataType, ModelConfig, ModelMetadata, Tensor, TensorSpec};
 
 use super::text::{strings_of, TextFront};
-use super::{Answer, Input, Prepared, Request, Task, TaskError, TextInput, Texts, Token, TEXT_INPUT};
+use super::TEXT_INPUT;
+use super::{refused, Answer, Input, Prepared, Registration, Request, Service, Task, TaskError, TextInput, Texts};
+
+pub(super) const RERANK: Registration = Registration {
+    service: Service::Rerank,
+    contracts: &[Contract::SequenceScores],
+    load: |_: &ModelConfig, engine: &ModelMetadata| Ok(Arc::new(ScoreTask::load(engine, true)?)),
+};
+
+pub(super) const CLASSIFY: Registration = Registration {
+    service: Service::Classify,
+    contracts: &[Contract::SequenceScores],
+    load: |_: &ModelConfig, engine: &ModelMetadata| Ok(Arc::new(ScoreTask::load(engine, false)?)),
+};
+
+/// The head's logits as they are, rather than as probabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawScores(pub bool);
 
 /// A reranker's query on the tensor protocols: `BYTES [1]`.
 pub const QUERY_INPUT: &str = "query";
@@ -31,7 +51,7 @@ impl std::fmt::Debug for ScoreTask {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ScoreTask")
             .field("rerank", &self.rerank)
-            .field("info", &self.front.info)
+            .field("info", self.front.info())
             .finish_non_exhaustive()
     }
 }
@@ -48,7 +68,12 @@ impl ScoreTask {
     /// Loads the tokenizer a scoring engine's metadata names; `rerank` picks the task. Blocking.
     pub fn load(engine: &ModelMetadata, rerank: bool) -> anyhow::Result<ScoreTask> {
         let front = TextFront::load(engine)?;
-        let labels = front.info.labels.len() as i64;
+        let labels = front.info().labels.len() as i64;
+        if rerank && labels != 1 {
+            anyhow::bail!(
+                "task = \"rerank\" needs a head with one score; this model's gives {labels} (use task = \"classify\")"
+            );
+        }
         let bytes = |name: &str, shape: Vec<i64>| TensorSpec { name: name.into(), datatype: DataType::Bytes, shape };
         let (inputs, output) = match rerank {
             true => (
@@ -92,11 +117,21 @@ impl ScoreTask {
     }
 
     fn activation(&self, raw: bool) -> Activation {
-        let info = &self.front.info;
+        let info = self.front.info();
         match (raw, info.multi_label || info.labels.len() == 1) {
             (true, _) => Activation::Raw,
             (false, true) => Activation::Sigmoid,
             (false, false) => Activation::Softmax,
+        }
+    }
+}
+
+impl ScoreTask {
+    fn registration(&self) -> Registration {
+        if self.rerank {
+            RERANK
+        } else {
+            CLASSIFY
         }
     }
 }
@@ -106,31 +141,29 @@ impl Task for ScoreTask {
         &self.public
     }
 
+    fn service(&self) -> Service {
+        self.registration().service
+    }
+
     fn prepare_is_heavy(&self) -> bool {
         true
     }
 
     fn prepare(&self, request: Request, max_rows: usize) -> Result<Prepared, TaskError> {
         let input = match request.input {
-            Input::Score(input) => input,
+            Input::Texts(input) => input,
             Input::Tensors(tensors) => self.texts_of(&tensors)?,
-            Input::Text(_) => {
-                let task = if self.rerank { "reranks" } else { "classifies" };
-                return Err(TaskError::Invalid(format!(
-                    "it {task} text (its task is `{}`): it does not embed",
-                    if self.rerank { "rerank" } else { "classify" }
-                )));
-            }
-            Input::Images(_) => {
-                return Err(TaskError::Invalid("it scores text: it takes no pictures (it has no [image] table)".into()))
-            }
+            other => return Err(refused(self.service(), &other)),
         };
+        if self.rerank && !matches!(input.texts, Texts::Pairs(_)) {
+            return Err(TaskError::Invalid("it reranks pairs of a query and a text: it takes no single texts".into()));
+        }
         let (sequences, tokens) =
             self.front.sequences(&input, max_rows, if self.rerank { "rerank" } else { "classify" })?;
-        let activation = self.activation(input.raw_scores);
+        let activation = self.activation(request.options.get::<RawScores>().is_some_and(|r| r.0));
         let rerank = self.rerank;
         Ok(Prepared::new(
-            InferRequest::sequences(sequences).with_deadline(request.deadline),
+            InferRequest::sequences(sequences, Contract::SequenceScores).with_deadline(request.deadline),
             Box::new(move |tensors| {
                 let logits = tensors.first().ok_or_else(|| TaskError::Internal("the engine gave no logits".into()))?;
                 Ok(Answer::tensors(vec![scores(logits, activation, rerank)?], tokens))
@@ -138,12 +171,8 @@ impl Task for ScoreTask {
         ))
     }
 
-    fn tokenize(&self, texts: &[String], special: bool) -> Result<Vec<Vec<Token>>, TaskError> {
-        self.front.tokens(texts, special)
-    }
-
-    fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TaskError> {
-        self.front.decode(ids, skip_special)
+    fn tokenizer(&self) -> Option<&TextFront> {
+        Some(&self.front)
     }
 }
 

@@ -1,10 +1,18 @@
 //! The tensors task: the request's tensors go to the batcher as they are, and the engine's outputs come back as
 //! the answer.
 
-use inferd_batcher::InferRequest;
-use inferd_core::ModelMetadata;
+use std::sync::Arc;
 
-use super::{Answer, Input, Prepared, Request, Task, TaskError};
+use inferd_batcher::InferRequest;
+use inferd_core::{ModelConfig, ModelMetadata};
+
+use super::{refused, Answer, Input, Prepared, Registration, Request, Service, Task, TaskError};
+
+pub(super) const REGISTRATION: Registration = Registration {
+    service: Service::Tensors,
+    contracts: &[],
+    load: |_: &ModelConfig, engine: &ModelMetadata| Ok(Arc::new(TensorTask::new(engine.clone()))),
+};
 
 /// A model that takes and gives tensors.
 #[derive(Debug)]
@@ -23,6 +31,10 @@ impl Task for TensorTask {
         &self.metadata
     }
 
+    fn service(&self) -> Service {
+        REGISTRATION.service
+    }
+
     fn prepare(&self, request: Request, _max_rows: usize) -> Result<Prepared, TaskError> {
         // Rows are bounded by the decoder, which counts them as the body streams by.
         match request.input {
@@ -30,15 +42,7 @@ impl Task for TensorTask {
                 InferRequest::new(tensors).with_deadline(request.deadline),
                 Box::new(|tensors| Ok(Answer::tensors(tensors, 0))),
             )),
-            Input::Text(_) => {
-                Err(TaskError::Invalid("it does not embed text: it takes tensors (its task is not `embed`)".into()))
-            }
-            Input::Score(_) => Err(TaskError::Invalid(
-                "it does not score text: it takes tensors (its task is not `rerank` or `classify`)".into(),
-            )),
-            Input::Images(_) => Err(TaskError::Invalid(
-                "it takes tensors, not pictures: it has no [image] table in its model.toml".into(),
-            )),
+            other => Err(refused(REGISTRATION.service, &other)),
         }
     }
 }

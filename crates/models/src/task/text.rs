@@ -9,7 +9,7 @@ use tokenizers::{EncodeInput, Encoding, Tokenizer, TruncationDirection, Truncati
 use super::{TaskError, TextInput, Texts, Token};
 
 /// A text model's tokenizer and limits.
-pub(super) struct TextFront {
+pub struct TextFront {
     /// Neither pads nor truncates: the batcher pads, and truncation is asked per request.
     tokenizer: Tokenizer,
     /// Truncates at `max_seq_len`, the longer text of a pair first: cutting the end, then the start.
@@ -21,6 +21,12 @@ pub(super) struct TextFront {
     vocab_size: usize,
     /// The engine's token inputs, in its order.
     inputs: Vec<String>,
+}
+
+impl std::fmt::Debug for TextFront {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextFront").field("info", &self.info).finish_non_exhaustive()
+    }
 }
 
 impl TextFront {
@@ -89,22 +95,8 @@ impl TextFront {
             Ok(())
         };
         match &input.texts {
-            Texts::Strings(texts) => {
-                for (i, text) in texts.iter().enumerate() {
-                    if text.is_empty() {
-                        return Err(TaskError::Invalid(format!("text {i} is empty: there is nothing to {what}")));
-                    }
-                    let encoding = self.encode(text.as_str().into(), input, i)?;
-                    push(encoding.get_ids(), encoding.get_type_ids())?;
-                }
-            }
-            Texts::Pairs(pairs) => {
-                for (i, (first, second)) in pairs.iter().enumerate() {
-                    if first.is_empty() || second.is_empty() {
-                        let which = if first.is_empty() { "first" } else { "second" };
-                        return Err(TaskError::Invalid(format!("pair {i}: its {which} text is empty")));
-                    }
-                    let encoding = self.encode((first.as_str(), second.as_str()).into(), input, i)?;
+            Texts::Strings(_) | Texts::Pairs(_) => {
+                for encoding in self.encodings(input, max_rows, what, false)? {
                     push(encoding.get_ids(), encoding.get_type_ids())?;
                 }
             }
@@ -133,18 +125,82 @@ impl TextFront {
         Ok((sequences, tokens))
     }
 
-    /// Tokenizes text (or pair) `i`, truncated at the model's length as `how` asks; refused when longer.
-    fn encode(&self, input: EncodeInput<'_>, how: &TextInput, i: usize) -> Result<Encoding, TaskError> {
+    /// Each text's (or pair's) tokens, within `max_rows` texts, truncated as `input` asks, with character offsets
+    /// into the text when `offsets` (else none are worked out). `what` names the work in errors. Blocking.
+    pub(super) fn encodings(
+        &self,
+        input: &TextInput,
+        max_rows: usize,
+        what: &str,
+        offsets: bool,
+    ) -> Result<Vec<Encoding>, TaskError> {
+        let count = input.texts.len();
+        if count == 0 {
+            return Err(TaskError::Invalid(format!("no texts to {what}: the input is empty")));
+        }
+        if count > max_rows {
+            return Err(TaskError::OverLimit(format!(
+                "the request has {count} texts; this server takes at most {max_rows} per request (--max-rows)"
+            )));
+        }
+        match &input.texts {
+            Texts::Strings(texts) => texts
+                .iter()
+                .enumerate()
+                .map(|(i, text)| match text.is_empty() {
+                    true => Err(TaskError::Invalid(format!("text {i} is empty: there is nothing to {what}"))),
+                    false => self.encode(text.as_str().into(), input, i, offsets),
+                })
+                .collect(),
+            Texts::Pairs(pairs) => pairs
+                .iter()
+                .enumerate()
+                .map(|(i, (first, second))| {
+                    if first.is_empty() || second.is_empty() {
+                        let which = if first.is_empty() { "first" } else { "second" };
+                        return Err(TaskError::Invalid(format!("pair {i}: its {which} text is empty")));
+                    }
+                    self.encode((first.as_str(), second.as_str()).into(), input, i, offsets)
+                })
+                .collect(),
+            Texts::Ids(_) => Err(TaskError::Invalid(format!(
+                "it needs the texts to {what}, not token ids: their words and spans are read from the text"
+            ))),
+        }
+    }
+
+    /// One sequence's token inputs `[1, len]` for an encoding, in the engine's order.
+    pub(super) fn sequence_of(&self, encoding: &Encoding) -> Result<Vec<Tensor>, TaskError> {
+        self.sequence(encoding.get_ids(), encoding.get_type_ids())
+    }
+
+    /// The tokenizer itself, neither padding nor truncating.
+    pub(super) fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The model's text settings, as its engine reports them.
+    pub fn info(&self) -> &TextInfo {
+        &self.info
+    }
+
+    /// Tokenizes text (or pair) `i`, truncated at the model's length as `how` asks; refused when longer. With
+    /// `offsets`, each token's span in characters.
+    fn encode(&self, input: EncodeInput<'_>, how: &TextInput, i: usize, offsets: bool) -> Result<Encoding, TaskError> {
         let pair = matches!(input, EncodeInput::Dual(..));
         let invalid = |e: tokenizers::Error| TaskError::Invalid(format!("text {i} cannot be tokenized: {e}"));
         let side = usize::from(how.truncate_left);
+        let run = |tokenizer: &Tokenizer, input: EncodeInput<'_>| match offsets {
+            true => tokenizer.encode_char_offsets(input, true),
+            false => tokenizer.encode_fast(input, true),
+        };
         let encoding = match (how.truncate, pair) {
-            (false, _) => self.tokenizer.encode_fast(input, true),
-            (true, false) => self.truncating[side].encode_fast(input, true),
+            (false, _) => run(&self.tokenizer, input),
+            (true, false) => run(&self.truncating[side], input),
             // Cut the passage; where the query alone is too long, cut the longer of the two.
-            (true, true) => self.truncating_second[side]
-                .encode_fast(input.clone(), true)
-                .or_else(|_| self.truncating[side].encode_fast(input, true)),
+            (true, true) => {
+                run(&self.truncating_second[side], input.clone()).or_else(|_| run(&self.truncating[side], input))
+            }
         }
         .map_err(invalid)?;
         let (len, max) = (encoding.get_ids().len(), self.info.max_seq_len);
@@ -185,7 +241,7 @@ impl TextFront {
     }
 
     /// Each text's tokens, with the special tokens when `special`, untruncated. Blocking.
-    pub(super) fn tokens(&self, texts: &[String], special: bool) -> Result<Vec<Vec<Token>>, TaskError> {
+    pub fn tokens(&self, texts: &[String], special: bool) -> Result<Vec<Vec<Token>>, TaskError> {
         texts
             .iter()
             .enumerate()
@@ -220,7 +276,7 @@ impl TextFront {
     }
 
     /// The text of token ids, without the special tokens when `skip_special`. Blocking.
-    pub(super) fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TaskError> {
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TaskError> {
         self.check_ids(ids, "ids")?;
         self.tokenizer.decode(ids, skip_special).map_err(|e| TaskError::Invalid(format!("cannot decode: {e}")))
     }

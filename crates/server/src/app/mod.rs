@@ -12,6 +12,7 @@ use axum::http::{HeaderName, HeaderValue};
 use axum::middleware;
 use axum::response::IntoResponse;
 use axum::Router;
+use inferd_models::Service;
 use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use utoipa::OpenApi;
@@ -20,8 +21,8 @@ use utoipa_axum::router::OpenApiRouter;
 use self::checkpoint::{Checkpoint, Guard};
 use crate::error::{AppError, ErrorKind};
 use crate::metrics::Protocol;
-use crate::request::{ModelFrom, TextDefault};
-use crate::routes::{cohere, health, openai, predict, tei, v2};
+use crate::request::ModelFrom;
+use crate::routes::{cohere, dispatch, health, openai, tei, v2};
 use crate::state::AppState;
 
 /// The request id: taken from the request, or made, and echoed in the response.
@@ -43,8 +44,11 @@ pub fn api(state: &AppState) -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(guarded(health::metrics_routes(), metrics))
         .merge(guarded(v2::routes().merge(openai::routes()), keyed))
         .merge(guarded(v2::model_routes(), model(ModelFrom::Path)))
-        .merge(guarded(predict::default_route(), infer(Protocol::Predict, ModelFrom::Default)))
-        .merge(guarded(predict::named_route(), infer(Protocol::Predict, ModelFrom::Path)))
+        .merge(guarded(
+            dispatch::default_route().merge(dispatch::invocations_route()).merge(dispatch::vertex_routes()),
+            infer(Protocol::Predict, ModelFrom::Default),
+        ))
+        .merge(guarded(dispatch::named_route(), infer(Protocol::Predict, ModelFrom::Path)))
         .merge(guarded(v2::inference_routes(), infer(Protocol::V2, ModelFrom::Path)))
         .merge(tei_routes(&guarded, keyed))
         .merge(guarded(cohere::routes(), Guard { protocol: Some(Protocol::Cohere), refuse: cohere::failure, ..keyed }))
@@ -62,17 +66,19 @@ fn tei_routes(
 ) -> OpenApiRouter<AppState> {
     let tei = |from| Guard { model: Some(from), refuse: tei::failure, ..keyed };
     let infer = |from| Guard { protocol: Some(Protocol::Tei), ..tei(from) };
-    let default = |which| ModelFrom::DefaultOf(which);
+    let default = ModelFrom::DefaultOf;
     OpenApiRouter::new()
-        .merge(guarded(tei::default_route(), infer(default(TextDefault::Embed))))
-        .merge(guarded(tei::similarity_default_routes(), infer(default(TextDefault::Embed))))
-        .merge(guarded(tei::score::default_routes(), infer(default(TextDefault::Rerank))))
-        .merge(guarded(tei::info::root_default_routes(), infer(default(TextDefault::Any))))
-        .merge(guarded(tei::info::info_default_routes(), tei(default(TextDefault::Any))))
-        .merge(guarded(tei::tokens::default_routes(), tei(default(TextDefault::Any))))
+        .merge(guarded(tei::default_route(), infer(default(Service::Embed))))
+        .merge(guarded(tei::similarity_default_routes(), infer(default(Service::Embed))))
+        .merge(guarded(tei::sparse_default_routes(), infer(default(Service::EmbedSparse))))
+        .merge(guarded(tei::score::default_routes(), infer(default(Service::Rerank))))
+        .merge(guarded(tei::info::root_default_routes(), infer(ModelFrom::DefaultText)))
+        .merge(guarded(tei::info::info_default_routes(), tei(ModelFrom::DefaultText)))
+        .merge(guarded(tei::tokens::default_routes(), tei(ModelFrom::DefaultText)))
         .merge(guarded(
             tei::named_route()
                 .merge(tei::similarity_named_routes())
+                .merge(tei::sparse_named_routes())
                 .merge(tei::score::named_routes())
                 .merge(tei::info::root_named_routes()),
             infer(ModelFrom::Path),
@@ -80,11 +86,39 @@ fn tei_routes(
         .merge(guarded(tei::info::info_named_routes().merge(tei::tokens::named_routes()), tei(ModelFrom::Path)))
 }
 
+/// Vertex AI's routes where its environment names them: its prediction route served as `/vertex` (behind the same
+/// checkpoint), its health route as readiness. A path the API already serves (`/health`, say) stays as it is.
+fn vertex_aliases(state: &AppState, api: &utoipa::openapi::OpenApi) -> Router<AppState> {
+    let mut routes = Router::new();
+    let ours = |path: &&str| !api.paths.paths.contains_key(*path);
+    let (predict, health) = state.vertex_routes();
+    let (predict, health) = (predict.filter(ours), health.filter(ours).filter(|h| Some(*h) != predict));
+    if let Some(path) = predict {
+        let guard = Guard {
+            protected: true,
+            model: Some(ModelFrom::Default),
+            protocol: Some(Protocol::Predict),
+            ..Guard::OPEN
+        };
+        let checkpoint = Checkpoint { state: state.clone(), guard };
+        routes = routes.route(
+            path,
+            axum::routing::post(dispatch::vertex)
+                .route_layer(middleware::from_fn_with_state(checkpoint, checkpoint::pass)),
+        );
+    }
+    if let Some(path) = health {
+        routes = routes.route(path, axum::routing::get(health::readiness));
+    }
+    routes
+}
+
 /// The whole app over `state`.
 pub fn app(state: AppState) -> Router {
     let max_body = state.max_body_bytes();
     let (routes, api) = api(&state);
     let routes = routes
+        .merge(vertex_aliases(&state, &api))
         .merge(utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api))
         .fallback(|| async { AppError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
@@ -95,7 +129,39 @@ pub fn app(state: AppState) -> Router {
         // expand past it.
         .layer(tower_http::decompression::RequestDecompressionLayer::new())
         .layer(tower_http::compression::CompressionLayer::new());
-    outer_layers(routes, || AppError::internal("the request handler panicked").into_response()).with_state(state)
+    let routes = outer_layers(routes, || AppError::internal("the request handler panicked").into_response());
+    match cors(state.cors_allow_origin()) {
+        Some(cors) => routes.layer(cors).with_state(state),
+        None => routes.with_state(state),
+    }
+}
+
+/// The CORS layer for `origins` (`--cors-allow-origin`; `*` for any), or none: then no CORS headers are sent, and
+/// browsers keep other origins' pages out. It answers preflight requests itself, before the API key is asked for
+/// (a browser sends none with them), and allows what the API's own clients send: `GET` and `POST`, a JSON or
+/// binary body, an API key and a request id.
+fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use axum::http::{header, Method};
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = match origins.iter().any(|o| o == "*") {
+        true => AllowOrigin::any(),
+        false => AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o.trim()).ok())),
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([
+                header::CONTENT_TYPE,
+                header::AUTHORIZATION,
+                HeaderName::from_static(REQUEST_ID_HEADER),
+                HeaderName::from_static("inference-header-content-length"),
+            ])
+            .expose_headers([HeaderName::from_static(REQUEST_ID_HEADER)]),
+    )
 }
 
 /// The layers every request passes first, over HTTP and gRPC alike: its request id (screened, made where

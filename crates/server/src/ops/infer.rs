@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, HeaderValue};
-use inferd_batcher::Inputs;
+use inferd_batcher::{Inputs, Pieces};
 use inferd_core::{ModelMetadata, Tensor, TensorSpec};
-use inferd_models::{Answer, Input, LoadedModel, Request, TaskError};
+use inferd_models::{Answer, Input, LoadedModel, Request, TaskError, Texts};
 
 use crate::budget::Hold;
 use crate::codec::{quoted, CodecError};
@@ -31,8 +31,16 @@ pub const COMPUTE_TIME_HEADER: &str = "x-inferd-compute-us";
 pub struct Served {
     pub answer: Answer,
     pub batch_rows: usize,
+    /// The task's step before the batcher (tokenizing, decoding pictures).
+    pub prepare_time: Duration,
     pub queue_time: Duration,
     pub compute_time: Duration,
+    /// From the request's decoded input to its answer.
+    pub total_time: Duration,
+    /// A text request's characters, all its texts together.
+    pub characters: usize,
+    /// Whether the model ran on a GPU.
+    pub on_gpu: bool,
 }
 
 impl Served {
@@ -83,6 +91,15 @@ pub async fn infer(
         let hold = hold.clone();
         request.reserve = Some(Arc::new(move |bytes| hold.take(bytes).map_err(AppError::into_task_error)));
     }
+    let started = Instant::now();
+    let characters = match &request.input {
+        Input::Texts(input) => match &input.texts {
+            Texts::Strings(texts) => texts.iter().map(|t| t.chars().count()).sum(),
+            Texts::Pairs(pairs) => pairs.iter().map(|(a, b)| a.chars().count() + b.chars().count()).sum(),
+            Texts::Ids(_) => 0,
+        },
+        _ => 0,
+    };
     let max_rows = state.limits().max_rows;
     let allow_non_finite = state.allow_non_finite();
     let large = matches!(&request.input, Input::Tensors(t) if tensor_bytes(t.iter()) > INLINE_WORK_BYTES);
@@ -104,6 +121,7 @@ pub async fn infer(
     })
     .await?
     .map_err(|e| e.in_model(model.name()))?;
+    let prepare_time = started.elapsed();
     for &(stage, took) in &prepared.stages {
         state.metrics().prepare_stage(model.name(), stage, took);
     }
@@ -116,7 +134,7 @@ pub async fn infer(
     }
     // Preparing may have run on the blocking pool: the request's span is this task's.
     request.span = tracing::Span::current();
-    let per_token = request.hidden_states;
+    let per_token = request.pieces == Pieces::Apart;
     let out = model.batcher.infer(request).await?;
     let finish = prepared.finish;
     let engine = model.clone();
@@ -140,7 +158,16 @@ pub async fn infer(
         Ok(answer)
     })
     .await??;
-    Ok(Served { answer, batch_rows: out.batch_rows, queue_time: out.queue_time, compute_time: out.compute_time })
+    Ok(Served {
+        answer,
+        batch_rows: out.batch_rows,
+        prepare_time,
+        queue_time: out.queue_time,
+        compute_time: out.compute_time,
+        total_time: started.elapsed(),
+        characters,
+        on_gpu: model.engine_metadata().on_gpu(),
+    })
 }
 
 /// Triton's classification extension: each output `(index, k)` of `asked` in `tensors` (the model's outputs, in

@@ -44,9 +44,9 @@ async fn non_finite_inputs_and_the_wrong_form_are_the_clients_fault_naming_the_m
     let error = infer(&state, &model, rows(&[1.0, f32::NAN]), &hold).await.expect_err("refused");
     assert_eq!(error.kind, ErrorKind::BadRequest);
     assert!(error.message.starts_with("model `echo`: input `x` holds NaN at element 1"), "{}", error.message);
-    let text = Request::new(Input::Text(TextInput::new(Texts::Strings(vec!["hi".into()]))));
+    let text = Request::new(Input::Texts(TextInput::new(Texts::Strings(vec!["hi".into()]))));
     let error = infer(&state, &model, text, &hold).await.expect_err("refused");
-    assert_eq!(error.message, "model `echo`: it does not embed text: it takes tensors (its task is not `embed`)");
+    assert_eq!(error.message, "model `echo`: it takes and gives tensors: it takes no text");
     assert_eq!(state.budget().held_bytes(), 0, "a refused request holds nothing");
 
     let (_repo, lenient, model) = setup(&["--allow-non-finite"]);

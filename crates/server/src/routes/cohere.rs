@@ -9,16 +9,16 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use inferd_models::{Input, Request, TextInput};
+use inferd_models::{Input, Request, Service, TextInput};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::tei::score::{ranked, rerank_pairs};
 use crate::codec::{quoted, CodecError};
 use crate::error::{body_error, AppError};
 use crate::ops::infer::{encode, infer, off_runtime_if};
-use crate::request::{default_text, InflightHold, ServedModel, TextDefault};
+use crate::ops::text::{ranked, rerank_pairs, timing_headers};
+use crate::request::{default_of, InflightHold, ServedModel};
 use crate::state::AppState;
 
 /// `/v1/rerank` and `/v2/rerank`.
@@ -140,8 +140,8 @@ async fn rerank(
             .map_err(|e| AppError::bad_request(format!("invalid rerank request: {e}")))?;
         let registry = state.registry();
         let entry = match request.model.as_deref().and_then(|name| registry.find(name)) {
-            Some(entry) if entry.config.task == inferd_core::Task::Rerank => entry,
-            _ => default_text(registry, state.defaults(), TextDefault::Rerank)?,
+            Some(entry) if inferd_models::registration(&entry.config).service == Service::Rerank => entry,
+            _ => default_of(registry, state.defaults(), Service::Rerank)?,
         };
         label = Some(ServedModel(entry.label()));
         let model = entry.serving()?;
@@ -157,9 +157,10 @@ async fn rerank(
             .collect::<Result<Vec<_>, _>>()?;
         let pairs =
             rerank_pairs(&request.query, &texts, "documents").map_err(|e| AppError::from(e).in_model(model.name()))?;
-        let infer_request = Request::new(Input::Score(TextInput::new(pairs)));
+        let infer_request = Request::new(Input::Texts(TextInput::new(pairs)));
         let served = infer(&state, &model, infer_request, &hold).await?;
-        let headers = served.headers();
+        let mut headers = served.headers();
+        headers.extend(timing_headers(&served));
         let name = model.name().to_owned();
         let body = encode(served, move |served| {
             let documents = request.return_documents.unwrap_or(false).then_some(request.documents);

@@ -1,4 +1,5 @@
-//! The probes orchestrators call (`/health`, `/health/live`, `/health/ready`) and Prometheus's `/metrics`.
+//! The probes orchestrators call (`/health`, `/health/live`, `/health/ready`; SageMaker's `GET /ping` and TEI's `GET /`,
+//! which answer as readiness does) and Prometheus's `/metrics`.
 
 use std::sync::atomic::Ordering;
 
@@ -17,7 +18,12 @@ use crate::state::AppState;
 
 /// The probes: open to all.
 pub fn probe_routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(health)).routes(routes!(live)).routes(routes!(ready))
+    OpenApiRouter::new()
+        .routes(routes!(health))
+        .routes(routes!(live))
+        .routes(routes!(ready))
+        .routes(routes!(ping))
+        .routes(routes!(root))
 }
 
 /// `/metrics`: open, unless `--protect-metrics`.
@@ -187,7 +193,26 @@ async fn live() -> Json<ProbeStatus> {
 /// draining.
 #[utoipa::path(get, path = "/health/ready", tag = "health", responses(
     (status = 200, body = ProbeStatus), (status = 503, body = ProbeStatus)))]
-async fn ready(State(state): State<AppState>) -> Response {
+async fn ready(state: State<AppState>) -> Response {
+    readiness(state).await
+}
+
+/// Readiness, as SageMaker's container contract asks it: 200 once the server is ready.
+#[utoipa::path(get, path = "/ping", tag = "health", responses(
+    (status = 200, body = ProbeStatus), (status = 503, body = ProbeStatus)))]
+async fn ping(state: State<AppState>) -> Response {
+    readiness(state).await
+}
+
+/// Readiness, as TEI answers `GET /`.
+#[utoipa::path(get, path = "/", tag = "health", responses(
+    (status = 200, body = ProbeStatus), (status = 503, body = ProbeStatus)))]
+async fn root(state: State<AppState>) -> Response {
+    readiness(state).await
+}
+
+/// The readiness probe's answer: what `/health/ready`, `/ping`, `GET /` and Vertex AI's health route answer.
+pub(crate) async fn readiness(State(state): State<AppState>) -> Response {
     match state.assess(&state.gpu().snapshot()) {
         Assessment { ready: true, .. } => Json(ProbeStatus { status: "ready", error: None }).into_response(),
         Assessment { status, reason, .. } => (

@@ -187,7 +187,11 @@ pub async fn predict(
     let served: Served = infer(state, model, request, hold).await?;
     let headers = served.headers();
     let encoder = model.clone();
-    let body = encode(served, move |served| answer_json(&encoder, &served.answer.pictures)).await?;
+    let body = encode(served, move |served| {
+        let pictures: &[Picture] = served.answer.payload::<Vec<Picture>>().map_or(&[], Vec::as_slice);
+        answer_json(&encoder, pictures)
+    })
+    .await?;
     let content_type = [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))];
     Ok((headers, content_type, body).into_response())
 }

@@ -1,9 +1,10 @@
 //! One module per protocol, each with its routes, handlers and the wire types they alone serve: the seed's
 //! `/predict`, KServe v2, TEI's API, OpenAI's `/v1/embeddings`, Cohere's and Jina's rerank, and the probes with
-//! `/metrics`. A handler reads top to bottom: decode its body, [`crate::ops`] (the task's steps around the batcher),
+//! `/metrics`; [`dispatch`] serves the routes several share (`/predict`, `/invocations`) as the model's task says. A handler reads top to bottom: decode its body, [`crate::ops`] (the task's steps around the batcher),
 //! encode the answer. The app assembles them.
 
 pub mod cohere;
+pub mod dispatch;
 pub mod health;
 pub mod images;
 pub mod openai;

@@ -1,5 +1,6 @@
-//! Embeddings as OpenAI's API serves them, so that the `openai` client works unchanged: `POST /v1/embeddings`
-//! (the model named in the body; `float` or `base64` encoding) and `GET /v1/models`. Errors come as OpenAI's
+//! Embeddings as OpenAI's API serves them, so that the `openai` client works unchanged: `POST /v1/embeddings` and
+//! `POST /embeddings` (as TEI serves it; the model named in the body, or the default embedder; `float` or `base64`
+//! encoding; `dimensions`) and `GET /v1/models`. Errors come as OpenAI's
 //! `{"error": {"message", "type", "param", "code"}}`.
 
 use axum::body::Bytes;
@@ -9,7 +10,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine as _;
-use inferd_models::{Answer, Input, Request, TextInput};
+use inferd_models::{Answer, Dimensions, Input, Request, Service, TextInput};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -18,12 +19,13 @@ use super::TextsInput;
 use crate::codec::{quoted, CodecError};
 use crate::error::{body_error, AppError, ErrorKind};
 use crate::ops::infer::{encode, infer, off_runtime_if, INLINE_WORK_BYTES};
-use crate::request::{InflightHold, ServedModel};
+use crate::ops::text::{require, timing_headers};
+use crate::request::{default_of, InflightHold, ServedModel};
 use crate::state::AppState;
 
-/// `/v1/embeddings`.
+/// `/v1/embeddings` and `/embeddings`.
 pub fn inference_routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(embeddings))
+    OpenApiRouter::new().routes(routes!(embeddings)).routes(routes!(embeddings_unversioned))
 }
 
 /// `/v1/models`.
@@ -31,23 +33,22 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(models))
 }
 
-/// An OpenAI embeddings request.
+/// An OpenAI embeddings request. OpenAI's other fields (`user`) are taken and ignored, as they concern its own
+/// service.
 #[derive(Deserialize, utoipa::ToSchema)]
 pub struct EmbeddingsRequest {
-    /// The model: one of `GET /v1/models`.
-    model: String,
+    /// The model: one of `GET /v1/models`; without it, the default embedder (`--default-embed-model`).
+    #[serde(default)]
+    model: Option<String>,
     /// A text, a list of texts, a list of token ids, or a list of token-id lists.
     input: TextsInput,
     /// `float` (default) or `base64` (little-endian FP32).
     #[serde(default)]
     encoding_format: Option<String>,
-    /// The embedding's length: only the model's own.
+    /// The embedding's first dimensions only (a Matryoshka model's shorter embedding), renormalised when the model
+    /// normalises; at least 1, at most the model's own.
     #[serde(default)]
     dimensions: Option<usize>,
-    /// Taken and ignored, as OpenAI's clients may send it.
-    #[serde(default)]
-    #[allow(dead_code)]
-    user: Option<String>,
 }
 
 /// `POST /v1/embeddings` answer.
@@ -137,6 +138,28 @@ impl IntoResponse for OpenAiFailure {
         (status = 429, body = OpenAiError), (status = 503, body = OpenAiError)),
     security(("api_key" = [])))]
 async fn embeddings(
+    state: State<AppState>,
+    hold: InflightHold,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, OpenAiFailure> {
+    embed(state, hold, body).await
+}
+
+/// Embed texts (OpenAI-compatible), at the path TEI also serves it.
+#[utoipa::path(post, path = "/embeddings", tag = "embeddings", request_body = EmbeddingsRequest,
+    responses((status = 200, body = EmbeddingsResponse),
+        (status = 400, body = OpenAiError), (status = 401, body = OpenAiError), (status = 404, body = OpenAiError), (status = 413, body = OpenAiError),
+        (status = 429, body = OpenAiError), (status = 503, body = OpenAiError)),
+    security(("api_key" = [])))]
+async fn embeddings_unversioned(
+    state: State<AppState>,
+    hold: InflightHold,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, OpenAiFailure> {
+    embed(state, hold, body).await
+}
+
+async fn embed(
     State(state): State<AppState>,
     InflightHold(hold): InflightHold,
     body: Result<Bytes, BytesRejection>,
@@ -160,14 +183,21 @@ async fn embeddings(
             .into())
         }
     };
-    let entry = state.registry().resolve(&request.model, None)?;
+    let entry = match &request.model {
+        Some(name) => state.registry().resolve(name, None)?,
+        None => default_of(state.registry(), state.defaults(), Service::Embed)?,
+    };
     let served_model = ServedModel(entry.label());
     let answer = async {
         let model = entry.serving()?;
-        let input = TextInput { dimensions: request.dimensions, ..TextInput::new(request.input.into()) };
-        let request = Request::new(Input::Text(input));
-        let served = infer(&state, &model, request, &hold).await?;
-        let headers = served.headers();
+        require(&model, Service::Embed)?;
+        let mut infer_request = Request::new(Input::Texts(TextInput::new(request.input.into())));
+        if let Some(n) = request.dimensions {
+            infer_request = infer_request.with(Dimensions(n));
+        }
+        let served = infer(&state, &model, infer_request, &hold).await?;
+        let mut headers = served.headers();
+        headers.extend(timing_headers(&served));
         let body = encode(served, move |served| encode_embeddings(model.name(), &served.answer, encoding)).await?;
         Ok((headers, [(header::CONTENT_TYPE, "application/json")], body).into_response())
     };
@@ -233,7 +263,7 @@ pub struct ModelCard<'a> {
     security(("api_key" = [])))]
 async fn models(State(state): State<AppState>) -> Response {
     // A model's versions are one model to OpenAI's clients.
-    let names = state.registry().names(|m| m.config.task == inferd_core::Task::Embed);
+    let names = state.registry().names(|m| inferd_models::registration(&m.config).service == Service::Embed);
     let data = names.iter().map(|id| ModelCard { id, object: "model", created: 0, owned_by: "inferd" }).collect();
     Json(ModelList { object: "list", data }).into_response()
 }

@@ -19,7 +19,13 @@ use inferd_core::{
 
 pub use self::pixels::Geometry;
 pub use self::readings::{triton_classification, Class, Detection, Reading};
-use super::{Answer, Input, Prepared, Request, Task, TaskError};
+use super::{refused, Answer, Input, Prepared, Registration, Request, Service, Task, TaskError};
+
+pub(super) const REGISTRATION: Registration = Registration {
+    service: Service::Images,
+    contracts: &[],
+    load: |config: &ModelConfig, engine: &ModelMetadata| Ok(Arc::new(ImageTask::load(config, engine)?)),
+};
 
 /// A model that takes pictures.
 #[derive(Debug)]
@@ -42,7 +48,8 @@ struct Plan {
     outputs: Vec<(Option<OutputConfig>, Option<Vec<String>>)>,
 }
 
-/// One picture's answer: its size, and one reading per model output, in the model's order.
+/// One picture's answer: its size, and one reading per model output, in the model's order. A vision model's answer
+/// to pictures carries one for each ([`Answer::payload`] of `Vec<Picture>`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Picture {
     pub width: u32,
@@ -209,9 +216,7 @@ impl Task for ImageTask {
                     .map(|(decoded, file)| decoded.as_deref().unwrap_or(file))
                     .collect()
             }
-            Input::Text(_) | Input::Score(_) => {
-                return Err(TaskError::Invalid("it takes pictures, not text (it is a vision model)".into()))
-            }
+            Input::Texts(_) => return Err(refused(REGISTRATION.service, &request.input)),
         };
         let plan = &self.plan;
         if files.is_empty() {
@@ -302,7 +307,7 @@ impl Task for ImageTask {
             InferRequest::new(vec![input]).with_deadline(request.deadline),
             Box::new(move |outputs| {
                 let pictures = if readings { plan.read(&outputs, &geometries)? } else { Vec::new() };
-                Ok(Answer { tensors: outputs, tokens: 0, pictures })
+                Ok(Answer::tensors(outputs, 0).with_payload(pictures))
             }),
         );
         prepared.stages = vec![("decode", decoding), ("resize", resizing)];
@@ -310,8 +315,8 @@ impl Task for ImageTask {
         Ok(prepared)
     }
 
-    fn takes_images(&self) -> bool {
-        true
+    fn service(&self) -> Service {
+        REGISTRATION.service
     }
 
     fn labels(&self, output: usize) -> Option<&[String]> {

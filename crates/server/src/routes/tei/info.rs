@@ -1,14 +1,15 @@
 //! TEI's model routes: `GET /info` (what the model is, which `tei-client` reads before it embeds, reranks or
-//! classifies) and `POST /` (the model's own task: embed, rerank or classify; sentence similarity when the body
-//! asks for it, as `huggingface_hub` sends it). Both serve the default text model; `/models/{model}/info` and
-//! `POST /models/{model}` serve the named one.
+//! classifies) and `POST /` (what the model serves: embed, sparse embed, rerank, classify, or classify tokens;
+//! sentence similarity when an embedder's body asks for it, as `huggingface_hub` sends it). Both serve the default
+//! text model; `/models/{model}/info` and `POST /models/{model}` serve the named one.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use inferd_core::{Precision, Task};
+use inferd_core::Precision;
+use inferd_models::Service;
 use serde::Serialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -100,10 +101,21 @@ fn info(State(state): State<AppState>, model: Result<RoutedModel, AppError>) -> 
         let (id2label, label2id) = label_maps(&labels_of(meta));
         serde_json::json!({ kind: { "id2label": id2label, "label2id": label2id } })
     };
-    let model_type = match entry.config.task {
-        Task::Rerank => labelled("reranker"),
-        Task::Classify => labelled("classifier"),
-        _ => serde_json::json!({ "embedding": { "pooling": text.pooling.as_str() } }),
+    let model_type = match loaded.service() {
+        Service::Rerank => labelled("reranker"),
+        Service::Classify => labelled("classifier"),
+        // Not one of TEI's: its clients know no token classifier.
+        Service::TokenClassify => labelled("token_classifier"),
+        Service::Embed => serde_json::json!({ "embedding": { "pooling": text.pooling.as_str() } }),
+        Service::EmbedSparse => serde_json::json!({ "embedding": { "pooling": "splade" } }),
+        Service::Tensors | Service::Images => {
+            return Err(AppError::bad_request(format!(
+                "model `{}` {}: TEI's routes serve text models",
+                entry.name(),
+                loaded.service().does()
+            ))
+            .into())
+        }
     };
     let batching = &loaded.batching;
     let info = Info {
@@ -163,24 +175,31 @@ async fn root_named(
     root(state, model, hold, body).await
 }
 
-async fn root(
+pub(crate) async fn root(
     state: State<AppState>,
     model: Result<RoutedModel, AppError>,
     hold: InflightHold,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, TeiFailure> {
     let routed = model?;
-    let task = routed.current(state.registry())?.config.task;
-    match task {
-        Task::Rerank => super::score::rerank(state, Ok(routed), hold, body).await,
-        Task::Classify => {
-            let model = routed.serving(state.registry())?;
-            super::score::predict(&state, &model, &hold.0, body.map_err(body_error)?).await
+    let model = routed.serving(state.registry())?;
+    match model.service() {
+        Service::Rerank => super::score::rerank(state, Ok(routed), hold, body).await,
+        Service::Classify => super::score::predict(&state, &model, &hold.0, body.map_err(body_error)?).await,
+        Service::TokenClassify => {
+            super::token::classify_tokens(&state, &model, &hold.0, body.map_err(body_error)?).await
         }
+        Service::EmbedSparse => super::embed_sparse(state, Ok(routed), hold, body).await,
         // A similarity request's `inputs` is an object (`source_sentence`, `sentences`); an embed request's is not.
-        _ if body.as_ref().is_ok_and(|b| inputs_kind(b) == Some(InputsKind::Object)) => {
+        Service::Embed if body.as_ref().is_ok_and(|b| inputs_kind(b) == Some(InputsKind::Object)) => {
             super::similarity(state, Ok(routed), hold, body).await
         }
-        _ => super::embed(state, Ok(routed), hold, body).await,
+        Service::Embed => super::embed(state, Ok(routed), hold, body).await,
+        service @ (Service::Tensors | Service::Images) => Err(AppError::bad_request(format!(
+            "model `{}` {}: POST / serves text models (use /models/{{model}}/predict)",
+            model.name(),
+            service.does()
+        ))
+        .into()),
     }
 }

@@ -1,6 +1,7 @@
 //! text-embeddings-inference's (TEI's) API, so its clients (`tei-client`, `huggingface_hub`) work unchanged:
-//! `/embed`, `/embed_all` and `/similarity` here; `/rerank` and `/predict` with `inputs` in [`score`]; `/tokenize`
-//! and `/decode` in [`tokens`]; `/info` and `POST /` in [`info`]. Each route serves its task's default model, and
+//! `/embed`, `/embed_all`, `/embed_sparse` and `/similarity` here; `/rerank` and `/predict` with `inputs` in
+//! [`score`]; token classification in the Hugging Face Inference API's shape in [`token`]; `/tokenize` and `/decode`
+//! in [`tokens`]; `/info` and `POST /` in [`info`]. Each route serves its task's default model, and
 //! the same under `/models/{model}/…` serves the named one. Errors come as `{"error", "error_type"}`.
 
 /// One of TEI's inference routes, twice: `$default` at `$path` serves its task's default model, `$named` at
@@ -46,6 +47,7 @@ macro_rules! tei_routes {
 
 pub mod info;
 pub mod score;
+pub mod token;
 pub mod tokens;
 
 use std::sync::Arc;
@@ -54,7 +56,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use inferd_models::{Input, LoadedModel, Request, TextInput, Texts};
+use inferd_models::{Dimensions, Input, LoadedModel, Normalize, PerToken, Request, Service, TextInput, Texts};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
@@ -65,6 +67,7 @@ use crate::budget::Hold;
 use crate::codec::CodecError;
 use crate::error::{body_error, AppError, ErrorKind};
 use crate::ops::infer::{decode, encode, infer, Served};
+use crate::ops::text::{non_zero, require, timing_headers};
 use crate::request::{InflightHold, RoutedModel};
 use crate::state::AppState;
 
@@ -78,12 +81,25 @@ pub fn named_route() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(embed_named)).routes(routes!(embed_all_named))
 }
 
-/// Runs a TEI `what` request (`embed`) whose JSON body is a `B` on `model`: `build` makes the request (and what
-/// the answer needs of it), `answer` the response body from the served answer.
+/// `/embed_sparse`, which serves the default sparse embedding model.
+pub fn sparse_default_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(embed_sparse_default))
+}
+
+/// `/models/{model}/embed_sparse`.
+pub fn sparse_named_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(embed_sparse_named))
+}
+
+/// Runs a TEI `what` request (`embed`) whose JSON body is a `B` on `model`, which must serve `service`: `build` makes
+/// the request (and what the answer needs of it), `answer` the response body from the served answer. The answer
+/// carries TEI's timing headers.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve_json<B, C>(
     state: &AppState,
     model: &Arc<LoadedModel>,
     hold: &Arc<Hold>,
+    service: Service,
     what: &'static str,
     body: Bytes,
     build: impl FnOnce(B) -> Result<(Request, C), CodecError> + Send + 'static,
@@ -93,6 +109,7 @@ where
     B: DeserializeOwned,
     C: Send + 'static,
 {
+    require(model, service)?;
     let (request, context) = decode(model, body.len(), move |_| {
         let request: B =
             serde_json::from_slice(&body).map_err(|e| CodecError::Invalid(format!("invalid {what} request: {e}")))?;
@@ -100,7 +117,8 @@ where
     })
     .await?;
     let served = infer(state, model, request, hold).await?;
-    let headers = served.headers();
+    let mut headers = served.headers();
+    headers.extend(timing_headers(&served));
     let body = encode(served, move |served| answer(served, context)).await?;
     Ok((headers, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
 }
@@ -127,6 +145,10 @@ pub struct EmbedRequest {
     /// A sentence-transformers prompt to prepend: refused, as inferd reads no prompts.
     #[serde(default)]
     prompt_name: Option<String>,
+    /// The embedding's first dimensions only (a Matryoshka model's shorter embedding), renormalised when
+    /// `normalize`; at least 1, at most the model's own. `/embed_all` refuses it.
+    #[serde(default)]
+    dimensions: Option<usize>,
 }
 
 fn yes() -> bool {
@@ -158,6 +180,15 @@ pub enum TruncationDirection {
 impl TruncationDirection {
     pub fn is_left(self) -> bool {
         self == TruncationDirection::Left
+    }
+}
+
+/// The texts of a request that cuts long ones as `truncate` and `direction` say (default: cut, at the end).
+pub(crate) fn text_input(texts: Texts, truncate: Option<bool>, direction: Option<TruncationDirection>) -> TextInput {
+    TextInput {
+        truncate: truncate.unwrap_or(true),
+        truncate_left: direction.is_some_and(TruncationDirection::is_left),
+        ..TextInput::new(texts)
     }
 }
 
@@ -240,17 +271,25 @@ async fn embed_texts(
     let body = body.map_err(body_error)?;
     let build = move |request: EmbedRequest| {
         no_prompt(request.prompt_name.as_deref())?;
-        let input = TextInput {
-            truncate: request.truncate.unwrap_or(true),
-            truncate_left: request.truncation_direction.is_some_and(TruncationDirection::is_left),
-            normalize: (!per_token).then_some(request.normalize),
-            per_token,
-            ..TextInput::new(request.inputs.into())
+        let input = text_input(request.inputs.into(), request.truncate, request.truncation_direction);
+        let request_of = Request::new(Input::Texts(input));
+        let request_of = match (per_token, request.dimensions) {
+            (true, Some(_)) => {
+                return Err(CodecError::Invalid("dimensions: /embed_all gives each token's whole state".into()))
+            }
+            (true, None) => request_of.with(PerToken),
+            (false, dimensions) => {
+                let with_normalize = request_of.with(Normalize(request.normalize));
+                match dimensions {
+                    Some(n) => with_normalize.with(Dimensions(n)),
+                    None => with_normalize,
+                }
+            }
         };
-        Ok((Request::new(Input::Text(input)), ()))
+        Ok((request_of, ()))
     };
     let what = if per_token { "embed_all" } else { "embed" };
-    serve_json(&state, &model, &hold, what, body, build, move |served, ()| {
+    serve_json(&state, &model, &hold, Service::Embed, what, body, build, move |served, ()| {
         let tensors = &served.answer.tensors;
         match per_token {
             // One `[tokens, dim]` tensor per text.
@@ -260,6 +299,62 @@ async fn embed_texts(
                 json_body(&crate::codec::json::NestedJson(embeddings))
             }
         }
+    })
+    .await
+}
+
+/// A TEI sparse embedding request.
+#[derive(Deserialize, utoipa::ToSchema)]
+pub struct SparseRequest {
+    /// One text, several, or token ids as lists of integers.
+    inputs: TextsInput,
+    /// Cut texts longer than the model takes (default true); `false` refuses them with a 400.
+    #[serde(default)]
+    truncate: Option<bool>,
+    /// Which end of a long text is cut (default `right`).
+    #[serde(default)]
+    truncation_direction: Option<TruncationDirection>,
+    /// A sentence-transformers prompt to prepend: refused, as inferd reads no prompts.
+    #[serde(default)]
+    prompt_name: Option<String>,
+}
+
+/// One non-zero weight of a sparse embedding.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct SparseValue {
+    /// The vocabulary entry (token id).
+    index: usize,
+    value: f32,
+}
+
+tei_routes! {
+    embed_sparse_default at "/embed_sparse", embed_sparse_named at "/models/{model}/embed_sparse" => embed_sparse;
+    docs "Sparse embeddings (SPLADE) of texts with the default sparse model."
+        "Sparse embeddings (SPLADE) of texts with the named model.";
+    tag "embeddings"; body SparseRequest; answer "For each input, its non-zero weights by vocabulary index" Vec<Vec<SparseValue>>
+}
+
+/// Each text's non-zero vocabulary weights, in the vocabulary's order, as TEI's `/embed_sparse` gives them.
+pub(super) async fn embed_sparse(
+    State(state): State<AppState>,
+    model: Result<RoutedModel, AppError>,
+    InflightHold(hold): InflightHold,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, TeiFailure> {
+    let model = model?.serving(state.registry())?;
+    let body = body.map_err(body_error)?;
+    let build = |request: SparseRequest| {
+        no_prompt(request.prompt_name.as_deref())?;
+        let input = text_input(request.inputs.into(), request.truncate, request.truncation_direction);
+        Ok((Request::new(Input::Texts(input)), ()))
+    };
+    serve_json(&state, &model, &hold, Service::EmbedSparse, "embed_sparse", body, build, |served, ()| {
+        let texts = non_zero(&served.answer.tensors)?;
+        let texts: Vec<Vec<SparseValue>> = texts
+            .into_iter()
+            .map(|weights| weights.into_iter().map(|(index, value)| SparseValue { index, value }).collect())
+            .collect();
+        json_body(&texts)
     })
     .await
 }
@@ -323,15 +418,10 @@ pub(super) async fn similarity(
         let texts = std::iter::once(source_sentence).chain(sentences).collect();
         let parameters = request.parameters.unwrap_or_default();
         no_prompt(parameters.prompt_name.as_deref())?;
-        let input = TextInput {
-            truncate: parameters.truncate.unwrap_or(true),
-            truncate_left: parameters.truncation_direction.is_some_and(TruncationDirection::is_left),
-            normalize: Some(true),
-            ..TextInput::new(Texts::Strings(texts))
-        };
-        Ok((Request::new(Input::Text(input)), ()))
+        let input = text_input(Texts::Strings(texts), parameters.truncate, parameters.truncation_direction);
+        Ok((Request::new(Input::Texts(input)).with(Normalize(true)), ()))
     };
-    serve_json(&state, &model, &hold, "similarity", body, build, |served, ()| {
+    serve_json(&state, &model, &hold, Service::Embed, "similarity", body, build, |served, ()| {
         let embeddings = served.answer.tensors.first().ok_or_else(|| CodecError::Encode("no embeddings".into()))?;
         let values = embeddings.to_vec::<f32>().map_err(|e| CodecError::Encode(e.to_string()))?;
         let dim = embeddings.shape().last().copied().unwrap_or(1).max(1);

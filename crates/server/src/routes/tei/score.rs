@@ -8,15 +8,16 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::Response;
-use inferd_core::{ModelMetadata, Tensor};
-use inferd_models::{Input, Request, TextInput, Texts};
+use inferd_core::ModelMetadata;
+use inferd_models::{Input, RawScores, Request, Service, Texts};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{json_body, serve_json, TeiError, TeiFailure, TruncationDirection};
+use super::{json_body, serve_json, text_input, TeiError, TeiFailure, TruncationDirection};
 use crate::codec::CodecError;
 use crate::error::{body_error, AppError};
+use crate::ops::text::{ranked, rerank_pairs};
 use crate::request::{InflightHold, RoutedModel};
 use crate::state::AppState;
 
@@ -79,15 +80,11 @@ pub(super) async fn rerank(
     let model = model?.serving(state.registry())?;
     let body = body.map_err(body_error)?;
     let build = |r: RerankRequest| {
-        let input = TextInput {
-            truncate: r.truncate.unwrap_or(true),
-            truncate_left: r.truncation_direction.is_some_and(TruncationDirection::is_left),
-            raw_scores: r.raw_scores.unwrap_or(false),
-            ..TextInput::new(rerank_pairs(&r.query, &r.texts, "texts")?)
-        };
-        Ok((Request::new(Input::Score(input)), r.return_text.unwrap_or(false).then_some(r.texts)))
+        let input = text_input(rerank_pairs(&r.query, &r.texts, "texts")?, r.truncate, r.truncation_direction);
+        let request = Request::new(Input::Texts(input)).with(RawScores(r.raw_scores.unwrap_or(false)));
+        Ok((request, r.return_text.unwrap_or(false).then_some(r.texts)))
     };
-    serve_json(&state, &model, &hold, "rerank", body, build, |served, texts| {
+    serve_json(&state, &model, &hold, Service::Rerank, "rerank", body, build, |served, texts| {
         let ranks = ranked(&served.answer.tensors)?
             .into_iter()
             .map(|(index, score)| Rank { index, score, text: texts.as_ref().map(|t| t[index].clone()) })
@@ -95,27 +92,6 @@ pub(super) async fn rerank(
         json_body(&ranks)
     })
     .await
-}
-
-/// The pairs that score `query` against each of `texts`, which the protocol calls `field`: what every rerank
-/// protocol sends.
-pub(crate) fn rerank_pairs(query: &str, texts: &[String], field: &str) -> Result<Texts, CodecError> {
-    if query.is_empty() {
-        return Err(CodecError::Invalid("`query` is empty: there is nothing to rank against".into()));
-    }
-    if texts.is_empty() {
-        return Err(CodecError::Invalid(format!("`{field}` is empty: there is nothing to rank")));
-    }
-    Ok(Texts::Pairs(texts.iter().map(|t| (query.to_owned(), t.clone())).collect()))
-}
-
-/// A reranker's scores as (index, score), best first; ties keep the request's order.
-pub(crate) fn ranked(tensors: &[Tensor]) -> Result<Vec<(usize, f32)>, CodecError> {
-    let scores = tensors.first().ok_or_else(|| CodecError::Encode("the reranker gave no scores".into()))?;
-    let scores = scores.to_vec::<f32>().map_err(|e| CodecError::Encode(e.to_string()))?;
-    let mut ranked: Vec<(usize, f32)> = scores.into_iter().enumerate().collect();
-    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
-    Ok(ranked)
 }
 
 /// TEI's `/predict` body: `inputs` is one text, one pair (`["a", "b"]`), or a batch of one-text or two-text lists.
@@ -183,15 +159,10 @@ pub(crate) async fn predict(
     let labels = labels_of(model.metadata());
     let build = |r: PredictRequest| {
         let (texts, batch) = predict_inputs(&r.inputs)?;
-        let input = TextInput {
-            truncate: r.truncate.unwrap_or(true),
-            truncate_left: r.truncation_direction.is_some_and(TruncationDirection::is_left),
-            raw_scores: r.raw_scores.unwrap_or(false),
-            ..TextInput::new(texts)
-        };
-        Ok((Request::new(Input::Score(input)), batch))
+        let input = text_input(texts, r.truncate, r.truncation_direction);
+        Ok((Request::new(Input::Texts(input)).with(RawScores(r.raw_scores.unwrap_or(false))), batch))
     };
-    serve_json(state, model, hold, "predict", body, build, move |served, batch| {
+    serve_json(state, model, hold, Service::Classify, "predict", body, build, move |served, batch| {
         let scores = served.answer.tensors.first().ok_or_else(|| CodecError::Encode("no scores".into()))?;
         let values = scores.to_vec::<f32>().map_err(|e| CodecError::Encode(e.to_string()))?;
         let width = labels.len().max(1);

@@ -12,6 +12,8 @@ use utoipa_axum::routes;
 
 use super::{TeiError, TeiFailure};
 use crate::error::{body_error, AppError};
+use inferd_models::{Task, TaskError, TextFront};
+
 use crate::ops::infer::off_runtime_if;
 use crate::request::RoutedModel;
 use crate::state::AppState;
@@ -133,6 +135,11 @@ async fn decode_named(
     decode(state, model, body).await
 }
 
+/// A text model's tokenizer, or why the model has none.
+fn tokenizer_of(task: &dyn Task) -> Result<&TextFront, TaskError> {
+    task.tokenizer().ok_or_else(|| TaskError::Invalid(format!("it {}: it has no tokenizer", task.service().does())))
+}
+
 /// Parses a JSON body, or says why it is not a `T`.
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, AppError> {
     serde_json::from_slice(body).map_err(|e| AppError::bad_request(format!("invalid request: {e}")))
@@ -163,7 +170,7 @@ async fn tokenize(
     check_count(&state, texts.len(), "inputs")?;
     let special = request.add_special_tokens.unwrap_or(true);
     let task = model.task.clone();
-    let tokens = off_runtime_if(true, move || task.tokenize(&texts, special))
+    let tokens = off_runtime_if(true, move || tokenizer_of(task.as_ref())?.tokens(&texts, special))
         .await?
         .map_err(|e| AppError::from(e).in_model(model.name()))?;
     let tokens: Vec<Vec<SimpleToken>> = tokens
@@ -188,9 +195,11 @@ async fn decode(
     check_count(&state, lists.len(), "ids")?;
     let skip = request.skip_special_tokens.unwrap_or(true);
     let task = model.task.clone();
-    let texts =
-        off_runtime_if(true, move || lists.iter().map(|ids| task.decode(ids, skip)).collect::<Result<Vec<_>, _>>())
-            .await?
-            .map_err(|e| AppError::from(e).in_model(model.name()))?;
+    let texts = off_runtime_if(true, move || {
+        let tokenizer = tokenizer_of(task.as_ref())?;
+        lists.iter().map(|ids| tokenizer.decode(ids, skip)).collect::<Result<Vec<_>, _>>()
+    })
+    .await?
+    .map_err(|e| AppError::from(e).in_model(model.name()))?;
     Ok(Json(texts).into_response())
 }

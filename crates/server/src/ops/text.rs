@@ -1,0 +1,83 @@
+//! What the text protocols share beyond inference: a model's service checked before its body is read, the pairs a
+//! rerank request makes, a reranker's scores in rank order, a sparse embedding's non-zero weights, and TEI's timing
+//! headers, which its clients and OpenAI's route read alike.
+
+use axum::http::{HeaderMap, HeaderValue};
+use inferd_core::Tensor;
+use inferd_models::{LoadedModel, Service, Texts};
+
+use crate::codec::CodecError;
+use crate::error::AppError;
+use crate::ops::infer::Served;
+
+/// The model serves `service`, or the 400 that says what it does instead.
+pub fn require(model: &LoadedModel, service: Service) -> Result<(), AppError> {
+    match model.service() {
+        served if served == service => Ok(()),
+        served => Err(AppError::bad_request(format!(
+            "model `{}` does not {}: it {} (its task is `{}`)",
+            model.name(),
+            service.action(),
+            served.does(),
+            model.task_name()
+        ))),
+    }
+}
+
+/// The pairs that score `query` against each of `texts`, which the protocol calls `field`: what every rerank
+/// protocol sends.
+pub fn rerank_pairs(query: &str, texts: &[String], field: &str) -> Result<Texts, CodecError> {
+    if query.is_empty() {
+        return Err(CodecError::Invalid("`query` is empty: there is nothing to rank against".into()));
+    }
+    if texts.is_empty() {
+        return Err(CodecError::Invalid(format!("`{field}` is empty: there is nothing to rank")));
+    }
+    Ok(Texts::Pairs(texts.iter().map(|t| (query.to_owned(), t.clone())).collect()))
+}
+
+/// A reranker's scores as (index, score), best first; ties keep the request's order.
+pub fn ranked(tensors: &[Tensor]) -> Result<Vec<(usize, f32)>, CodecError> {
+    let scores = tensors.first().ok_or_else(|| CodecError::Encode("the reranker gave no scores".into()))?;
+    let scores = scores.to_vec::<f32>().map_err(|e| CodecError::Encode(e.to_string()))?;
+    let mut ranked: Vec<(usize, f32)> = scores.into_iter().enumerate().collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Ok(ranked)
+}
+
+/// Each text's non-zero weights of a sparse embedding `FP32 [texts, vocab]`, as (vocabulary index, weight) in
+/// the vocabulary's order.
+pub fn non_zero(tensors: &[Tensor]) -> Result<Vec<Vec<(usize, f32)>>, CodecError> {
+    let weights = tensors.first().ok_or_else(|| CodecError::Encode("no sparse embeddings".into()))?;
+    let vocab = weights.shape().last().copied().unwrap_or(1).max(1);
+    let values = weights.to_vec::<f32>().map_err(|e| CodecError::Encode(e.to_string()))?;
+    Ok(values
+        .chunks_exact(vocab)
+        .map(|row| row.iter().enumerate().filter(|(_, &v)| v != 0.0).map(|(i, &v)| (i, v)).collect())
+        .collect())
+}
+
+/// TEI's timing headers of a text answer, in whole milliseconds as TEI writes them: `x-compute-time` (tokenizing,
+/// queue and inference), `x-tokenization-time`, `x-queue-time`, `x-inference-time`, with `x-compute-tokens` and
+/// `x-compute-characters`.
+pub fn timing_headers(served: &Served) -> HeaderMap {
+    let ms = |d: std::time::Duration| d.as_millis() as u64;
+    let mut headers = HeaderMap::new();
+    for (name, value) in [
+        ("x-compute-type", None),
+        ("x-compute-time", Some(ms(served.prepare_time + served.queue_time + served.compute_time))),
+        ("x-total-time", Some(ms(served.total_time))),
+        ("x-tokenization-time", Some(ms(served.prepare_time))),
+        ("x-queue-time", Some(ms(served.queue_time))),
+        ("x-inference-time", Some(ms(served.compute_time))),
+        ("x-compute-tokens", Some(served.answer.tokens as u64)),
+        ("x-compute-characters", Some(served.characters as u64)),
+    ] {
+        let value = match value {
+            Some(v) => HeaderValue::from(v),
+            None => HeaderValue::from_static(if served.on_gpu { "gpu" } else { "cpu" }),
+        };
+        headers.insert(name, value);
+    }
+    headers
+}

@@ -1,0 +1,212 @@
+//! The routes that several protocols share, each served as the model's task says it serves ([`Service`]): `POST
+//! /predict` and `/models/{model}/predict` (the seed's tensors, pictures, TEI's `/predict` on a classifier, the
+//! Inference API's token classification), SageMaker's `POST /invocations` (the default model's own route) and Vertex
+//! AI's `POST /vertex` (each of its instances as `/invocations` takes it). No body is read to choose: the model's
+//! service does.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use inferd_models::Service;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{images, predict, tei};
+use crate::codec::predict::PredictResponse;
+use crate::error::{body_error, AppError, InferErrors};
+use crate::request::{InflightHold, RoutedModel};
+use crate::state::AppState;
+
+/// `/predict`, which serves the default model.
+pub fn default_route() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(predict_default))
+}
+
+/// `/models/{model}/predict`.
+pub fn named_route() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(predict_named))
+}
+
+/// `/invocations`: SageMaker's inference route, serving the default model.
+pub fn invocations_route() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(invocations))
+}
+
+/// Serve `/predict` with the default model.
+#[utoipa::path(
+    post, path = "/predict", tag = "inference",
+    request_body(content = Object, description = "As the model's task takes it. A tensor model (and a text model, its texts as tensors): one input as `input`, or several by name in `inputs`. A vision model: the file as the body (`Content-Type: image/*`), the parts of a `multipart/form-data` form, or `{\"image\": \"<base64>\"}` / `{\"images\": [...]}`; it answers `{model, device, predictions: [{width, height, outputs: {name: reading}}]}`. A classifier: TEI's `{\"inputs\": text | [a, b] | [[a], [b, c]]}`. A token classifier: `{\"inputs\": text, \"parameters\": {\"aggregation_strategy\"}}`. Without `--default-model`, the default classifier serves it."),
+    params(("x-inferd-timeout-ms" = Option<u64>, Header, description = "Milliseconds the request may wait in the queue; past that it is answered 503 and never runs")),
+    responses((status = 200, body = PredictResponse, headers(
+        ("x-inferd-batch-size" = u64, description = "Rows in the batch that served the request"),
+        ("x-inferd-queue-us" = u64, description = "Microseconds queued"),
+        ("x-inferd-compute-us" = u64, description = "Microseconds the batch computed"))), InferErrors),
+    security(("api_key" = []))
+)]
+async fn predict_default(
+    state: State<AppState>,
+    model: Result<RoutedModel, AppError>,
+    hold: InflightHold,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    serve(state, model, hold, headers, body).await
+}
+
+/// Serve `/predict` with the named model.
+#[utoipa::path(
+    post, path = "/models/{model}/predict", tag = "inference",
+    request_body(content = Object, description = "As `/predict` takes it for the model's task."),
+    params(("model" = String, Path, description = "The model"),
+        ("x-inferd-timeout-ms" = Option<u64>, Header, description = "Milliseconds the request may wait in the queue")),
+    responses((status = 200, body = PredictResponse), InferErrors),
+    security(("api_key" = []))
+)]
+async fn predict_named(
+    state: State<AppState>,
+    model: Result<RoutedModel, AppError>,
+    hold: InflightHold,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    serve(state, model, hold, headers, body).await
+}
+
+/// Serve the default model as its own route would: SageMaker's container contract.
+#[utoipa::path(
+    post, path = "/invocations", tag = "inference",
+    request_body(content = Object, description = "As the default model's own route takes it: TEI's `/embed`, `/embed_sparse`, `/rerank` or `/predict` body for a text model (its `POST /`), the seed's `/predict` body or pictures otherwise."),
+    responses((status = 200, description = "As the model's own route answers"), InferErrors),
+    security(("api_key" = []))
+)]
+async fn invocations(
+    state: State<AppState>,
+    model: Result<RoutedModel, AppError>,
+    hold: InflightHold,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    invoke(state, model, hold, headers, body).await
+}
+
+/// Serves `body` as the model's own route would: a text model's as TEI's `POST /` does, any other's as `/predict`.
+pub(crate) async fn invoke(
+    state: State<AppState>,
+    model: Result<RoutedModel, AppError>,
+    hold: InflightHold,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let service = match &model {
+        Ok(routed) => match routed.serving(state.registry()) {
+            Ok(loaded) => loaded.service(),
+            Err(e) => return e.into_response(),
+        },
+        // The model's own route says why there is none.
+        Err(_) => Service::Tensors,
+    };
+    match service.takes_text() {
+        true => tei::info::root(state, model, hold, body).await.unwrap_or_else(IntoResponse::into_response),
+        false => serve(state, model, hold, headers, body).await,
+    }
+}
+
+/// Serves a `/predict` body as the model's task says.
+async fn serve(
+    State(state): State<AppState>,
+    model: Result<RoutedModel, AppError>,
+    InflightHold(hold): InflightHold,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let answer = async {
+        let body = body.map_err(body_error)?;
+        let deadline = predict::queue_deadline(&headers)?;
+        let model = model?.serving(state.registry())?;
+        let service = model.service();
+        let carrier = images::carrier(&headers, service == Service::Images)?;
+        Ok::<_, AppError>(match service {
+            Service::Classify => tei::score::predict(&state, &model, &hold, body).await.into_response(),
+            Service::TokenClassify => tei::token::classify_tokens(&state, &model, &hold, body).await.into_response(),
+            // Pictures sent to a model that takes none: its task says so.
+            Service::Images => images::predict(&state, &model, &hold, carrier, body, deadline).await?,
+            _ if carrier.is_some() => images::predict(&state, &model, &hold, carrier, body, deadline).await?,
+            Service::Tensors | Service::Embed | Service::EmbedSparse | Service::Rerank => {
+                predict::serve(&state, &model, &hold, body, deadline).await?
+            }
+        })
+    };
+    answer.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `/vertex`, and Vertex AI's prediction route where `AIP_PREDICT_ROUTE` names one.
+pub fn vertex_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(vertex))
+}
+
+/// Vertex AI's prediction request. Its `parameters` are taken and ignored: each instance says how it is served.
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+pub struct VertexRequest {
+    /// Each a body as `/invocations` takes it for the default model (TEI's `/embed` or `/rerank` body for a text
+    /// model, the seed's `/predict` body for a tensor model).
+    #[schema(value_type = Vec<Object>)]
+    instances: Vec<Box<serde_json::value::RawValue>>,
+}
+
+/// Serve each instance as `/invocations` would, concurrently (so that they batch together): Vertex AI's custom
+/// container contract.
+#[utoipa::path(
+    post, path = "/vertex", tag = "inference", request_body = VertexRequest,
+    responses((status = 200, description = "`{\"predictions\": [...]}`: each instance's answer, in order"), InferErrors),
+    security(("api_key" = []))
+)]
+pub(crate) async fn vertex(
+    state: State<AppState>,
+    model: Result<RoutedModel, AppError>,
+    hold: InflightHold,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let answer = async {
+        let body = body.map_err(body_error)?;
+        let request: VertexRequest = serde_json::from_slice(&body)
+            .map_err(|e| AppError::bad_request(format!("invalid Vertex AI request: {e}")))?;
+        drop(body);
+        if request.instances.is_empty() {
+            return Err(AppError::bad_request("`instances` is empty: there is nothing to predict"));
+        }
+        let json = || {
+            let mut headers = HeaderMap::new();
+            headers.insert(axum::http::header::CONTENT_TYPE, axum::http::HeaderValue::from_static("application/json"));
+            headers
+        };
+        let answers = request.instances.into_iter().map(|instance| {
+            let body = Bytes::from(instance.get().to_owned());
+            invoke(state.clone(), model.clone(), hold.clone(), json(), Ok(body))
+        });
+        let mut predictions = Vec::new();
+        for (i, response) in futures_util::future::join_all(answers).await.into_iter().enumerate() {
+            let status = response.status();
+            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .map_err(|e| AppError::internal(format!("instance {i}: its answer could not be read: {e}")))?;
+            if !status.is_success() {
+                // The whole request fails with the first instance that does, in its own words.
+                let mut failed = (status, bytes).into_response();
+                failed
+                    .headers_mut()
+                    .insert(axum::http::header::CONTENT_TYPE, axum::http::HeaderValue::from_static("application/json"));
+                return Ok(failed);
+            }
+            predictions.push(
+                serde_json::from_slice::<Box<serde_json::value::RawValue>>(&bytes)
+                    .map_err(|e| AppError::internal(format!("instance {i}: its answer is not JSON: {e}")))?,
+            );
+        }
+        let body = serde_json::to_vec(&serde_json::json!({ "predictions": predictions }))
+            .map_err(|e| AppError::internal(format!("encoding the predictions: {e}")))?;
+        Ok(([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
+    };
+    answer.await.unwrap_or_else(IntoResponse::into_response)
+}
