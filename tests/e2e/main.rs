@@ -10,4 +10,5 @@ mod ops;
 mod predict;
 mod repository;
 mod shutdown;
+mod tasks;
 mod text;

@@ -7,8 +7,9 @@ tokens, and token type 0 whatever the tokenizer says) and DistilBERT ("distilber
 names, positions from 0, no token types). Heads: mean-pooled, normalised embeddings (sentence-transformers),
 BertForSequenceClassification (tanh pooler on [CLS], then a linear classifier), RobertaClassificationHead (dense +
 tanh on the first token, then out_proj) and DistilBertForSequenceClassification (pre_classifier + ReLU on the first
-token, then classifier). Every sequence runs alone, unpadded,
-so the reference cannot share a padding bug with the server.
+token, then classifier); `*ForTokenClassification` (`classifier` on every token); and BertForMaskedLM's head (dense,
+GELU, LayerNorm, the decoder tied to the word embeddings) through SPLADE's log(1 + relu(x)), the largest over the
+tokens. Every sequence runs alone, unpadded, so the reference cannot share a padding bug with the server.
 """
 
 import json
@@ -45,7 +46,9 @@ class Reference:
     def __init__(self, folder):
         folder = pathlib.Path(folder)
         self.config = json.loads((folder / "config.json").read_text())
-        self.w = {k: v.astype(np.float64) for k, v in load_file(str(folder / "model.safetensors")).items()}
+        # TF-era checkpoints name LayerNorm's tensors `gamma` and `beta`.
+        legacy = lambda k: k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")  # noqa: E731
+        self.w = {legacy(k): v.astype(np.float64) for k, v in load_file(str(folder / "model.safetensors")).items()}
         self.roberta = self.config["model_type"] in ROBERTA_FAMILY
         self.distil = self.config["model_type"] == "distilbert"
         c = self.config
@@ -122,3 +125,16 @@ class Reference:
         """[len(ids_list), num_labels] logits, each sequence run alone."""
         return np.stack([self.head(self.hidden_states(ids, type_ids)[0])
                          for ids, type_ids in zip(ids_list, type_ids_list)])
+
+    def token_logits(self, ids, type_ids):
+        """A token classifier's [len(ids), num_labels] logits: `classifier` on every token's state."""
+        return self.linear(self.hidden_states(ids, type_ids), "classifier")
+
+    def sparse(self, ids, type_ids):
+        """SPLADE's [vocab] weights: the masked-LM head's logits through log(1 + relu(x)), the largest over the
+        tokens (special tokens included)."""
+        h = self.hidden_states(ids, type_ids)
+        h = self.layer_norm(gelu(self.linear(h, "cls.predictions.transform.dense")), "cls.predictions.transform.LayerNorm")
+        decoder = self.w.get("cls.predictions.decoder.weight", self.w[self.prefix + "embeddings.word_embeddings.weight"])
+        logits = h @ decoder.T + self.w["cls.predictions.bias"]
+        return np.log1p(np.maximum(logits, 0.0)).max(0)

@@ -24,6 +24,8 @@ use proto::{InferParameter, InferTensorContents, ModelInferRequest, ModelInferRe
 
 /// The request parameter that gives, in microseconds, how long the request may wait in the queue.
 pub const TIMEOUT_PARAMETER: &str = "timeout";
+/// The request parameter that cuts an embedding model's embeddings to their first dimensions.
+pub const DIMENSIONS_PARAMETER: &str = "dimensions";
 
 /// The output parameter of Triton's classification extension: answer the output as its best k classes.
 pub const CLASSIFICATION_PARAMETER: &str = "classification";
@@ -39,10 +41,12 @@ pub struct GrpcCall {
     /// Triton's classification extension: (output index, k) for each output asked as its top k classes.
     pub classification: Vec<(usize, usize)>,
     pub timeout: Option<Duration>,
+    /// The `dimensions` parameter: an embedding's first dimensions only.
+    pub dimensions: Option<usize>,
 }
 
 /// Decodes `request` for the model `meta` describes, within `limits`. Takes the request by value so that raw
-/// input bytes become tensors without a copy. Parameters other than the timeout (Triton's `priority`,
+/// input bytes become tensors without a copy. Parameters other than the timeout and `dimensions` (Triton's `priority`,
 /// `binary_data_output`, `triton_enable_empty_final_response`, ...) are accepted and ignored, as over HTTP.
 pub fn decode_infer(request: ModelInferRequest, meta: &ModelMetadata, limits: &Limits) -> Result<GrpcCall, CodecError> {
     let invalid = |m: String| CodecError::Invalid(m);
@@ -104,7 +108,17 @@ pub fn decode_infer(request: ModelInferRequest, meta: &ModelMetadata, limits: &L
         chosen = (0..meta.outputs.len()).collect();
     }
     let timeout = parameters.get(TIMEOUT_PARAMETER).map(microseconds).transpose()?.map(Duration::from_micros);
-    Ok(GrpcCall { id, inputs, outputs: chosen, classification, timeout })
+    let dimensions = match parameters.get(DIMENSIONS_PARAMETER).map(|p| &p.parameter_choice) {
+        None => None,
+        Some(Some(ParameterChoice::Int64Param(v))) if *v >= 0 => Some(usize::try_from(*v).unwrap_or(usize::MAX)),
+        Some(Some(ParameterChoice::Uint64Param(v))) => Some(usize::try_from(*v).unwrap_or(usize::MAX)),
+        Some(_) => {
+            return Err(CodecError::Invalid(format!(
+                "parameter `{DIMENSIONS_PARAMETER}` must be a non-negative integer (the embedding's length)"
+            )))
+        }
+    };
+    Ok(GrpcCall { id, inputs, outputs: chosen, classification, timeout, dimensions })
 }
 
 /// A parameter that holds a count of microseconds.

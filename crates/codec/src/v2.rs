@@ -38,6 +38,8 @@ pub struct V2RequestParameters {
     pub timeout: Option<u64>,
     /// Accepted and ignored: inferd has no request priorities yet.
     pub priority: Option<u64>,
+    /// An embedding model's embeddings cut to their first `dimensions` (a Matryoshka model's shorter ones).
+    pub dimensions: Option<u64>,
 }
 
 /// One input: `data` (flat or nested, row-major), or `parameters.binary_data_size` bytes after the JSON.
@@ -87,6 +89,8 @@ pub struct V2Call {
     /// Triton's classification extension: (output index, k) for each output asked as its top k classes.
     pub classification: Vec<(usize, usize)>,
     pub timeout: Option<Duration>,
+    /// The `dimensions` parameter: an embedding's first dimensions only.
+    pub dimensions: Option<usize>,
 }
 
 /// Decodes a v2 inference request body within `limits`; `json_length` is the `Inference-Header-Content-Length`
@@ -158,7 +162,8 @@ pub fn decode_infer(
         }
     };
     let timeout = request.parameters.timeout.map(Duration::from_micros);
-    Ok(V2Call { id: request.id, inputs, outputs, classification, timeout })
+    let dimensions = request.parameters.dimensions.map(|d| usize::try_from(d).unwrap_or(usize::MAX));
+    Ok(V2Call { id: request.id, inputs, outputs, classification, timeout, dimensions })
 }
 
 /// Decodes one input, taking its binary data (if any) from the front of `binary`. Returns the tensor and the

@@ -29,9 +29,18 @@ pub enum Command {
 /// `inferd healthcheck`.
 #[derive(Debug, Clone, Args)]
 pub struct HealthcheckConfig {
-    /// The port the server listens on (on 127.0.0.1).
-    #[arg(long, env = "INFERD_PORT", default_value_t = 8080)]
-    pub port: u16,
+    /// The port the server listens on (on 127.0.0.1). [default: SAGEMAKER_BIND_TO_PORT, else AIP_HTTP_PORT, else
+    /// 8080, as `inferd serve` picks it]
+    #[arg(long, env = "INFERD_PORT")]
+    pub port: Option<u16>,
+
+    /// SageMaker's port for its containers; used when --port is not given.
+    #[arg(long, env = "SAGEMAKER_BIND_TO_PORT", value_name = "PORT")]
+    pub sagemaker_bind_to_port: Option<u16>,
+
+    /// Vertex AI's port for its containers; used when neither --port nor SAGEMAKER_BIND_TO_PORT is given.
+    #[arg(long, env = "AIP_HTTP_PORT", value_name = "PORT")]
+    pub aip_http_port: Option<u16>,
 
     /// The route to ask; 200 means healthy.
     #[arg(long, default_value = "/health/ready")]
@@ -294,12 +303,25 @@ fn seconds(value: f64, otherwise: Duration) -> Duration {
     Duration::try_from_secs_f64(value).unwrap_or(otherwise)
 }
 
+impl HealthcheckConfig {
+    /// The port to ask, as `inferd serve` picks its own: --port, else SAGEMAKER_BIND_TO_PORT, else AIP_HTTP_PORT, else
+    /// 8080.
+    pub fn port(&self) -> u16 {
+        self.port.or(self.sagemaker_bind_to_port).or(self.aip_http_port).unwrap_or(8080)
+    }
+}
+
 /// A route an environment names: a path from the root, which a router can serve as it is.
 fn parse_route(value: &str) -> Result<String, String> {
-    let ok = value.starts_with('/') && value.len() > 1 && !value.contains(['{', '}', '*', ' ', '?', '#']);
+    let ok = value.starts_with('/')
+        && value.len() > 1
+        && !value.contains(['{', '}', '*', ' ', '?', '#'])
+        && !value.split('/').any(|segment| segment.starts_with(':'));
     match ok {
         true => Ok(value.to_owned()),
-        false => Err(format!("`{value}` is not a route: a path from the root, without `{{`, `}}`, `*`, `?` or `#`")),
+        false => Err(format!(
+            "`{value}` is not a route: a path from the root, without `{{`, `}}`, `*`, `?`, `#` or a part starting with `:`"
+        )),
     }
 }
 

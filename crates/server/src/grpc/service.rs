@@ -275,6 +275,7 @@ async fn infer_one(
     let call = decode(&model, len, move |meta| decode_infer(request, meta, &limits)).await?;
     let deadline = [call.timeout.and_then(deadline_in), deadline.map(|d| d.0)].into_iter().flatten().min();
     let request = InferRequest::new(Input::Tensors(call.inputs)).with_deadline(deadline);
+    let request = crate::ops::text::with_dimensions(&model, request, call.dimensions)?;
     let served = infer(state, &model, request, &hold).await?;
     let (id, selection, classification) = (call.id, call.outputs, call.classification);
     let encoder = model.clone();

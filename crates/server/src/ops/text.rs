@@ -4,7 +4,7 @@
 
 use axum::http::{HeaderMap, HeaderValue};
 use inferd_core::Tensor;
-use inferd_models::{LoadedModel, Service, Texts};
+use inferd_models::{Dimensions, LoadedModel, Request, Service, Texts};
 
 use crate::codec::CodecError;
 use crate::error::AppError;
@@ -80,4 +80,19 @@ pub fn timing_headers(served: &Served) -> HeaderMap {
         headers.insert(name, value);
     }
     headers
+}
+
+/// `request` with its embeddings cut to `dimensions` where the client asked (a tensor protocol's `dimensions`
+/// parameter): only an embedding model's answer can be, and a parameter another model would leave unread is refused
+/// rather than ignored.
+pub fn with_dimensions(model: &LoadedModel, request: Request, dimensions: Option<usize>) -> Result<Request, AppError> {
+    match dimensions {
+        None => Ok(request),
+        Some(_) if model.service() != Service::Embed => Err(AppError::bad_request(format!(
+            "model `{}` {}: the `dimensions` parameter shortens an embedding model's embeddings",
+            model.name(),
+            model.service().does()
+        ))),
+        Some(n) => Ok(request.with(Dimensions(n))),
+    }
 }

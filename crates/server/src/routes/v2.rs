@@ -234,6 +234,7 @@ async fn run_infer(
     let limits = *state.limits();
     let call = decode(&model, body.len(), move |meta| decode_infer(&body, json_length, meta, &limits)).await?;
     let request = Request::new(Input::Tensors(call.inputs)).with_deadline(call.timeout.and_then(deadline_in));
+    let request = crate::ops::text::with_dimensions(&model, request, call.dimensions)?;
     let served = infer(state, &model, request, &hold).await?;
     let mut headers = served.headers();
     let (id, selection, classification) = (call.id, call.outputs, call.classification);
