@@ -85,6 +85,24 @@ weights = load_file(sys.argv[1])
 save_file({k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in weights.items()}, sys.argv[2],
           metadata={"format": "pt", "inferd": "all-MiniLM-L6-v2 in FP16 for the GPU bundle"})
 PY
+# The sparse embedder (models/splade) and the token classifier (models/ner), for their candle paths in FP16: also in
+# FP16, their vocabulary's rows past the first 4096 zeroed (zeros pack to nothing). The check compares the GPU with
+# the CPU on the same file, so the rows each text's tokens read need not be the trained ones.
+for model in splade ner; do
+    mkdir -p "$STAGE/models/$model"
+    cp models/$model/{model.toml,config.json,tokenizer.json} "$STAGE/models/$model/"
+    "${INFERD_CACHE_DIR:-.cache}/modelenv/bin/python" - "models/$model/model.safetensors" \
+        "$STAGE/models/$model/model.safetensors" <<'PY'
+import sys
+import numpy as np
+from safetensors.numpy import load_file, save_file
+weights = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in load_file(sys.argv[1]).items()}
+for name, value in weights.items():
+    if name.endswith("word_embeddings.weight"):
+        value[4096:] = 0
+save_file(weights, sys.argv[2], metadata={"format": "pt", "inferd": "in FP16, rows past 4096 zeroed, for the GPU bundle"})
+PY
+done
 cp tests/data/digits_heldout.json "$STAGE/data/"
 cp scripts/gpu-check.sh scripts/gpu_check.py scripts/gpu_machine.py "$STAGE/"
 {

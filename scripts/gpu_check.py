@@ -40,6 +40,10 @@ MIB = 1 << 20
 DIGITS_TOLERANCE = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 5e-2}
 # Smallest cosine between a GPU and the CPU embedding of the same text.
 MINILM_COSINE = {"fp32": 0.99999, "fp16": 0.999}
+# Smallest cosine between a GPU and the CPU sparse embedding (as dense vectors) of the same text.
+SPLADE_COSINE = {"fp32": 0.99999, "fp16": 0.999}
+# Largest |gpu - cpu| of a token's label probability.
+NER_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
 FIGURE = "figure"
 
 
@@ -293,6 +297,42 @@ def check_outputs(table, server, pixels, gpu_models, cpu_model, kind):
                       f"lowest cosine {worst:.6f} over {len(got)} texts (at least {floor})")
 
 
+def check_task_outputs(table, server, task, precision):
+    """(b) for the tasks past embeddings: the GPU's sparse weights (as dense vectors, by cosine) or each token's
+    label probabilities (by the largest difference) against the CPU's, and the same entities."""
+    gpu, cpu = f"{task}-gpu-{precision}", f"{task}-cpu"
+    if task == "splade":
+        answers = [http(server.base, f"/models/{m}/embed_sparse", {"inputs": SENTENCES}) for m in (cpu, gpu)]
+        if any(status != 200 for status, _ in answers):
+            return table.add("outputs", gpu, False, "; ".join(str(a)[:200] for _, a in answers))
+        (_, want), (_, got) = answers
+        dense = lambda weights: {w["index"]: w["value"] for w in weights}  # noqa: E731
+        worst = 1.0
+        for g, w in zip(got, want):
+            g, w = dense(g), dense(w)
+            keys = sorted(set(g) | set(w))
+            worst = min(worst, cosine([g.get(k, 0.0) for k in keys], [w.get(k, 0.0) for k in keys]))
+        floor = SPLADE_COSINE[precision]
+        return table.add("outputs", f"{gpu} vs {cpu}", worst >= floor and len(got) == len(want),
+                         f"lowest cosine {worst:.6f} over {len(got)} texts' sparse weights (at least {floor})")
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(SENTENCES)], "data": SENTENCES}]}
+    answers = [http(server.base, f"/v2/models/{m}/infer", body) for m in (cpu, gpu)]
+    if any(status != 200 for status, _ in answers):
+        return table.add("outputs", gpu, False, "; ".join(str(a)[:200] for _, a in answers))
+    (_, want), (_, got) = answers
+    error = max(abs(g - w) for g, w in zip(got["outputs"][0]["data"], want["outputs"][0]["data"]))
+    tolerance = NER_TOLERANCE[precision]
+    same = got["outputs"][1]["data"] == want["outputs"][1]["data"]
+    entities = [http(server.base, f"/models/{m}", {"inputs": SENTENCES[0], "parameters": {"aggregation_strategy":
+                                                                                            "first"}})[1]
+                for m in (cpu, gpu)]
+    agree = [(e.get("entity_group"), e.get("start"), e.get("end")) for e in entities[0]] == \
+        [(e.get("entity_group"), e.get("start"), e.get("end")) for e in entities[1]]
+    table.add("outputs", f"{gpu} vs {cpu}", error <= tolerance and same,
+              f"largest token probability difference {error:.1e} (tolerance {tolerance:.0e}); "
+              f"entities of the first text {'the same' if agree else 'differ'}")
+
+
 def engine_bench(table, plan, bundle, repo, model, env, results, variant=""):
     """(c): `inferd-bench engine` at each batch size; returns {batch: rows/s}."""
     name = f"engine-{model}" + (f"-{variant.split()[0]}" if variant else "")
@@ -405,6 +445,11 @@ def check(table, plan, bundle, results):
             add("minilm", f"minilm-gpu-{p}", plan.gpu, p)
     else:
         table.add("minilm", "text model", None, "its weights are not in this bundle")
+    # The tasks past embeddings, on candle: sparse embeddings and token classification, in FP16 on the GPU.
+    tasks = [t for t in ("splade", "ner") if os.path.exists(os.path.join(models, t, "model.safetensors"))]
+    for task in tasks:
+        add(task, f"{task}-cpu", "cpu", "fp32")
+        add(task, f"{task}-gpu-fp16", plan.gpu, "fp16")
     ort = None if plan.rehearse else onnxruntime_gpu()
     if ort:
         add("digits", "digits-onnx-cpu", "cpu", "fp32")
@@ -431,6 +476,8 @@ def check(table, plan, bundle, results):
                           "minilm")
         if ort:
             check_outputs(table, server, pixels, [("digits-onnx-gpu", "fp32")], "digits-onnx-cpu", "digits")
+        for task in tasks:
+            check_task_outputs(table, server, task, "fp16")
         # Each load's growth of the process's GPU memory is that model's: the arena it grew under 64 clients.
         for model, protocol in [("digits-gpu-fp32", "predict")] + ([("minilm-gpu-fp16", "embed")] if minilm else []):
             before = None if plan.rehearse else process_gpu_mib(server.proc.pid)
@@ -446,7 +493,7 @@ def check(table, plan, bundle, results):
 
     rates = {}
     for name in served:
-        if not name.startswith("digits-onnx"):
+        if not name.startswith(("digits-onnx", "splade", "ner")):
             rates[name] = engine_bench(table, plan, bundle, repo, name, env, results)
     # inferd gives each cuBLAS handle 8 MiB of workspace where cuBLAS would give 64 (one handle per candle model
     # instance): the same engines with cuBLAS's own size, to check that the memory saved costs no speed.

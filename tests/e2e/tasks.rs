@@ -1,6 +1,6 @@
 //! The tasks past embeddings end to end, and the routes that serve a model as its task says: sparse embeddings
 //! (models/splade, a real SPLADE checkpoint, on candle and as an ONNX graph) and token classification (models/ner and
-//! its ONNX graph), over TEI's routes, `POST /`, `/predict`, SageMaker's `/invocations`, Vertex AI's `/vertex` and
+//! its ONNX graph), over TEI's routes, `POST /`, SageMaker's `/invocations`, Vertex AI's `/vertex` and
 //! KServe v2; the defaults of routes without a model name; CORS; TEI's timing headers. The values themselves are
 //! checked against float64 references by tests/python/test_tasks.py.
 
@@ -125,8 +125,8 @@ async fn token_classification_answers_entities_in_the_inference_apis_shape() {
         assert!(groups
             .iter()
             .all(|g| g["entity_group"].is_string() && g.get("index").is_none() && g["entity_group"] != "O"));
-        // The ONNX graph of the same weights finds the same entities, through `/predict` as through `POST /`.
-        let onnx = answer(&server, "/models/ner-onnx/predict", body).await;
+        // The ONNX graph of the same weights finds the same entities.
+        let onnx = answer(&server, "/models/ner-onnx", body).await;
         let key = |v: &Value| -> Vec<(Value, Value, Value, Value)> {
             let list = v.as_array().expect("entities");
             list.iter()

@@ -24,7 +24,7 @@ def test_the_gpu_check_rehearses_every_step_it_can_on_the_cpu(tmp_path):
         (bundle / folder).mkdir(parents=True)
     (bundle / "bin" / "inferd").symlink_to(BINARY)
     (bundle / "bin" / "inferd-bench").symlink_to(BENCH)
-    for model in ("digits-candle", "minilm"):
+    for model in ("digits-candle", "minilm", "splade", "ner"):
         (bundle / "models" / model).symlink_to(ROOT / "models" / model)
     (bundle / "data" / "digits_heldout.json").symlink_to(ROOT / "tests" / "data" / "digits_heldout.json")
     (bundle / "MANIFEST").write_text("a rehearsal\n")
@@ -42,6 +42,9 @@ def test_the_gpu_check_rehearses_every_step_it_can_on_the_cpu(tmp_path):
         assert results_by_subject[("outputs", f"{model} vs digits-cpu")] == "pass", table
     for model in ("minilm-gpu-fp32", "minilm-gpu-fp16"):
         assert results_by_subject[("outputs", f"{model} vs minilm-cpu")] == "pass", table
+    # The tasks past embeddings: sparse embeddings and token classification, in FP16 on the GPU.
+    for task in ("splade", "ner"):
+        assert results_by_subject[("outputs", f"{task}-gpu-fp16 vs {task}-cpu")] == "pass", table
     for model in ("digits-gpu-fp32", "minilm-gpu-fp16"):
         assert results_by_subject[("http c=4", model)] == "pass", table
     engine = [subject for check, subject, result, _ in got if check == "engine rows/s" and result == "pass"]

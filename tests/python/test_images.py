@@ -402,7 +402,7 @@ def test_bad_pictures_get_a_400_and_leave_memory_flat(tmp_path):
         # A picture for a model that takes tensors, and JSON that is not pictures for one that takes them.
         r = requests.post(f"http://{address}/models/digits/predict", data=photo("page.png"),
                           headers={"Content-Type": "image/png"})
-        assert r.status_code == 400 and "not pictures" in r.json()["error"], r.text
+        assert r.status_code == 400 and "takes no pictures" in r.json()["error"], r.text
         r = requests.post(url, json={"input": [[1.0]]})
         assert r.status_code == 400 and "image" in r.json()["error"], r.text
         r = requests.post(url, data=b"--x--", headers={"Content-Type": "multipart/form-data; boundary=y"})

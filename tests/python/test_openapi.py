@@ -124,7 +124,8 @@ def test_every_answer_matches_its_documented_schema(server_url):
         ("post", "/models/digits/predict", predict.encode(), 200),
         ("post", "/models/digits/predict", b"{\"input\": [[1]]}", 400),
         ("post", "/models/nope/predict", predict.encode(), 404),
-        # The bundled repository has several models and no default: /predict says so.
+        # The bundled repository has several models and no default: /predict serves the default classifier, whose
+        # TEI body this is not.
         ("post", "/predict", predict.encode(), 400),
         ("post", "/embed", b"{\"inputs\": \"a sentence\"}", 200),
         ("post", "/embed", b"{\"inputs\": []}", 400),
@@ -136,7 +137,16 @@ def test_every_answer_matches_its_documented_schema(server_url):
         ("post", "/models/minilm-int8/embed_all", b"{\"inputs\": []}", 400),
         ("post", "/v1/embeddings", b"{\"model\": \"minilm\", \"input\": [[101, 7592, 102]]}", 200),
         ("post", "/v1/embeddings", b"{\"model\": \"minilm\", \"input\": \"a\", \"encoding_format\": \"base64\"}", 200),
-        ("post", "/v1/embeddings", b"{\"model\": \"minilm\", \"input\": \"a\", \"dimensions\": 3}", 400),
+        ("post", "/v1/embeddings", b"{\"model\": \"minilm\", \"input\": \"a\", \"dimensions\": 3}", 200),
+        ("post", "/v1/embeddings", b"{\"model\": \"minilm\", \"input\": \"a\", \"dimensions\": 3000}", 400),
+        ("post", "/embeddings", b"{\"input\": \"a\"}", 200),
+        ("post", "/embed_sparse", b"{\"inputs\": [\"a\", \"b c\"]}", 200),
+        ("post", "/models/minilm/embed_sparse", b"{\"inputs\": \"a\"}", 400),
+        ("post", "/models/ner", b"{\"inputs\": \"Angela lives in Paris\"}", 200),
+        ("post", "/invocations", predict.encode(), 400),
+        ("post", "/vertex", b"{\"instances\": []}", 400),
+        ("get", "/ping", None, 200),
+        ("get", "/", None, 200),
         ("post", "/v1/embeddings", b"{\"model\": \"nope\", \"input\": \"a\"}", 404),
         ("get", "/v1/models", None, 200),
         ("get", "/info", None, 200),

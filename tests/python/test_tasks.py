@@ -175,7 +175,7 @@ def test_token_classification_is_the_pipelines_for_every_strategy(folder, weight
         # Every label kept, and the texts as one batch of requests: the same as alone.
         got = client.token_classification(NER_TEXTS[0], aggregation_strategy="first", ignore_labels=[])
         assert_entities(got, pipeline_entities(folder, NER_TEXTS[0], logits[0], "first", []), "first", "ignore none")
-        status, together = post(f"http://{address}/predict",
+        status, together = post(f"http://{address}/models/{model}",
                                 {"inputs": NER_TEXTS, "parameters": {"aggregation_strategy": "simple"}})
         assert status == 200 and len(together) == len(NER_TEXTS), together
         alone = [post(f"http://{address}/", {"inputs": t})[1] for t in NER_TEXTS]

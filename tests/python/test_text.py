@@ -155,7 +155,7 @@ def test_the_openai_client_sees_openai_errors(openai_client):
         openai_client.embeddings.create(model="nope", input="a")
     assert "nope" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
-        openai_client.embeddings.create(model="minilm", input="a", dimensions=64)
+        openai_client.embeddings.create(model="minilm", input="a", dimensions=640)
     assert "384" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
         openai_client.embeddings.create(model="digits", input="a")

@@ -73,7 +73,8 @@ def test_model_names_may_arrive_url_quoted(server_url):
 
 def test_repository_index_lists_every_model(client):
     index = client.get_model_repository_index()
-    assert sorted(m["name"] for m in index) == sorted(FP32_MODELS + FP16_MODELS + ["minilm", "minilm-int8", "reranker", "classifier", "orientation"])
+    assert sorted(m["name"] for m in index) == sorted(FP32_MODELS + FP16_MODELS + ["minilm", "minilm-int8", "reranker", "classifier", "orientation",
+                                                                        "splade", "ner"])
     assert all(m["state"] == "READY" and m["version"] == "1" for m in index)
 
 

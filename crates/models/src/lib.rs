@@ -13,7 +13,6 @@ pub use inferd_onnx::OnnxSettings;
 pub use loader::{build_engine, load, EngineBuilder, EngineSettings, LoadedModel, ModelMemory};
 pub use repository::{Defaults, Repository};
 pub use task::{
-    file_from_base64, registration, triton_classification, Aggregation, Answer, Class, Detection, Dimensions, Entity,
-    IgnoreLabels, Input, Normalize, PerToken, Picture, Prepared, RawScores, Reading, Registration, Request, Reserve,
-    Service, Task, TaskError, TextFront, TextInput, Texts, Token,
+    registration, triton_classification, Answer, Input, Prepared, Registration, Request, Reserve, Service, Task,
+    TaskError, TextFront, TextInput, Texts, Token,
 };

@@ -129,8 +129,7 @@ impl Defaults {
             None => of_service(Service::Embed),
         };
         let mut services = Vec::new();
-        for wanted in [Service::Embed, Service::EmbedSparse, Service::Rerank, Service::Classify, Service::TokenClassify]
-        {
+        for wanted in Service::ALL.into_iter().filter(|s| s.takes_text()) {
             let chosen = if wanted == Service::Embed { embed.clone() } else { of_service(wanted) };
             if let Some(name) = chosen {
                 services.push((wanted, name));

@@ -17,6 +17,7 @@ pub mod error;
 pub mod gpu;
 pub mod grpc;
 mod healthcheck;
+pub mod layers;
 pub mod metrics;
 pub mod ops;
 pub mod registry;
@@ -35,13 +36,14 @@ use inferd_models::OnnxSettings;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-pub use app::{app, REQUEST_ID_HEADER};
+pub use app::app;
 pub use config::{Cli, Command, HealthcheckConfig, LogFormat, Secret, ServeConfig};
 pub use gpu::{FakeGpuProbe, GpuInfo, GpuProbe, NoGpu, NvmlProbe};
 pub use healthcheck::healthcheck;
 /// The wire formats, from their own crate (so that fuzzing them builds none of the server).
 pub use inferd_codec as codec;
 pub use inferd_models::EngineBuilder;
+pub use layers::REQUEST_ID_HEADER;
 pub use ops::infer::{BATCH_SIZE_HEADER, COMPUTE_TIME_HEADER, QUEUE_TIME_HEADER};
 pub use routes::predict::TIMEOUT_HEADER;
 pub use state::AppState;

@@ -82,17 +82,12 @@ pub fn default_of(registry: &Registry, defaults: &Defaults, service: Service) ->
         return registry.resolve(name, None);
     }
     let names = registry.names(|m| registration(&m.config).service == service);
-    let (route, flag) = match service {
-        Service::Embed => ("/embed", "--default-embed-model"),
-        Service::EmbedSparse => ("/embed_sparse", "--default-model"),
-        Service::Rerank => ("/rerank", "--default-model"),
-        Service::Classify => ("/predict", "--default-model"),
-        Service::TokenClassify | Service::Tensors | Service::Images => ("", "--default-model"),
-    };
+    let flag = if service == Service::Embed { "--default-embed-model" } else { "--default-model" };
     Err(AppError::bad_request(match names.is_empty() {
         true => format!("this server has no model that {}", service.does()),
         false => format!(
-            "this server has several models that {} ({}): use /models/{{model}}{route}, or start it with {flag}",
+            "this server has several models that {} ({}): name one in the route (/models/{{model}}/…), or start it \
+             with {flag}",
             service.does(),
             quoted_list(&names)
         ),

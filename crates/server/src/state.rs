@@ -6,13 +6,15 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::http::header;
 use inferd_models::Defaults;
+use subtle::ConstantTimeEq;
 
 use crate::budget::Budget;
 use crate::codec::Limits;
 use crate::config::{ModelControl, Secret, ServeConfig};
 use crate::drain::Drain;
-use crate::error::AppError;
+use crate::error::{AppError, ErrorKind};
 use crate::gpu::{GpuInfo, GpuMonitor};
 use crate::metrics::Metrics;
 use crate::registry::readiness::{self, Assessment, ReadinessPolicy, StallWatch};
@@ -165,6 +167,33 @@ impl AppState {
     /// Vertex AI's prediction and health routes (`AIP_PREDICT_ROUTE`, `AIP_HEALTH_ROUTE`), where given.
     pub fn vertex_routes(&self) -> (Option<&str>, Option<&str>) {
         (self.0.vertex_routes.0.as_deref(), self.0.vertex_routes.1.as_deref())
+    }
+
+    /// Lets a request through when no key is configured or it carries one of the keys. Keys are compared in
+    /// constant time, every key every time. gRPC sends the key the same way, in its metadata.
+    pub fn authorize(&self, headers: &axum::http::HeaderMap) -> Result<(), AppError> {
+        let keys = self.api_keys();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, key)| key.trim().as_bytes());
+        let Some(given) = given else {
+            return Err(AppError::new(
+                ErrorKind::Unauthorized,
+                "this route needs an API key: send `Authorization: Bearer <key>`",
+            ));
+        };
+        let accepted = keys.iter().fold(subtle::Choice::from(0), |ok, key| ok | key.expose().as_bytes().ct_eq(given));
+        if bool::from(accepted) {
+            Ok(())
+        } else {
+            Err(AppError::new(ErrorKind::Unauthorized, "the API key is not valid"))
+        }
     }
 
     pub fn protect_metrics(&self) -> bool {

@@ -51,6 +51,17 @@ pub enum Service {
 }
 
 impl Service {
+    /// Every service.
+    pub const ALL: [Service; 7] = [
+        Service::Tensors,
+        Service::Images,
+        Service::Embed,
+        Service::EmbedSparse,
+        Service::Rerank,
+        Service::Classify,
+        Service::TokenClassify,
+    ];
+
     /// What it does, in a message: "embeds text", "reranks text", ….
     pub fn does(self) -> &'static str {
         match self {

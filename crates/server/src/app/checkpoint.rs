@@ -7,12 +7,11 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::header;
+
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use subtle::ConstantTimeEq;
 
-use crate::error::{AppError, ErrorKind};
+use crate::error::AppError;
 use crate::metrics::Protocol;
 use crate::request::{self, ModelFrom, ServedModel};
 use crate::state::AppState;
@@ -63,7 +62,7 @@ pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: 
         _ => None,
     };
     let started = Instant::now();
-    let response = match guard.protected.then(|| authorize(state, &parts.headers)) {
+    let response = match guard.protected.then(|| state.authorize(&parts.headers)) {
         Some(Err(refused)) => (guard.refuse)(refused),
         _ => {
             let served = async {
@@ -96,31 +95,4 @@ pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: 
         );
     }
     response
-}
-
-/// Lets a request through when no key is configured or it carries one of the keys. Keys are compared in
-/// constant time, every key every time. gRPC sends the key the same way, in its metadata.
-pub fn authorize(state: &AppState, headers: &axum::http::HeaderMap) -> Result<(), AppError> {
-    let keys = state.api_keys();
-    if keys.is_empty() {
-        return Ok(());
-    }
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, key)| key.trim().as_bytes());
-    let Some(given) = given else {
-        return Err(AppError::new(
-            ErrorKind::Unauthorized,
-            "this route needs an API key: send `Authorization: Bearer <key>`",
-        ));
-    };
-    let accepted = keys.iter().fold(subtle::Choice::from(0), |ok, key| ok | key.expose().as_bytes().ct_eq(given));
-    if bool::from(accepted) {
-        Ok(())
-    } else {
-        Err(AppError::new(ErrorKind::Unauthorized, "the API key is not valid"))
-    }
 }

@@ -12,6 +12,8 @@ use utoipa::{Modify, OpenApi};
                        binary tensor extension), health probes and Prometheus metrics."
     ),
     modifiers(&BearerKey),
+    // Named only inside a route's error answers (which the routes' own registration does not reach).
+    components(schemas(crate::routes::dispatch::SharedError)),
     tags(
         (name = "inference", description = "Predictions, batched dynamically per model"),
         (name = "kserve-v2", description = "KServe v2 / Open Inference Protocol"),

@@ -8,6 +8,7 @@ use tower::ServiceExt;
 
 use super::*;
 use crate::gpu::{GpuMonitor, NoGpu};
+use crate::layers::MAX_REQUEST_ID_LEN;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 use inferd_models::{EngineSettings, Repository};

@@ -30,7 +30,6 @@ use tokio::task::JoinSet;
 use tonic::Status;
 use tower::ServiceExt;
 
-use crate::app::authorize;
 use crate::budget::Hold;
 use crate::connections::{accept_until, ConnectionSettings};
 use crate::drain::Drain;
@@ -74,7 +73,7 @@ pub fn app(state: AppState) -> Router {
         .into_axum_router()
         .layer(axum::middleware::from_fn_with_state(state, gate));
     let panicked = || Status::internal("the request handler panicked").into_http();
-    crate::app::outer_layers(router, panicked)
+    crate::layers::outer_layers(router, panicked)
 }
 
 /// The paths of the RPCs the gate treats apart.
@@ -92,7 +91,7 @@ fn is_probe(path: &str) -> bool {
 /// answered with the one error table's status.
 async fn gate(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     if !is_probe(request.uri().path()) {
-        if let Err(refused) = authorize(&state, request.headers()) {
+        if let Err(refused) = state.authorize(request.headers()) {
             return Status::from(refused).into_http();
         }
     }

@@ -18,10 +18,11 @@ use super::{deadline_of, Deadline};
 use crate::budget::Hold;
 use crate::codec::grpc::proto::*;
 use crate::codec::grpc::{decode_infer, encode_infer};
+use crate::codec::v2::models::{self as v2, TritonModelConfig};
 use crate::error::{AppError, ErrorKind};
 use crate::metrics::Protocol;
 use crate::ops::infer::{classify_outputs, deadline_in, decode, encode, infer};
-use crate::ops::models::{self, TritonModelConfig};
+use crate::ops::models;
 use crate::ops::repository;
 use crate::registry::ModelEntry;
 use crate::request::resolve_named;
@@ -78,7 +79,7 @@ impl GrpcInferenceService for Inference {
         let ModelMetadataRequest { name, version } = request.into_inner();
         let model = resolve_named(self.state.registry(), &name, &version)?;
         let meta = models::model_metadata(&self.state, &model)?;
-        let tensors = |specs: Vec<models::V2TensorMetadata>| {
+        let tensors = |specs: Vec<v2::V2TensorMetadata>| {
             specs
                 .into_iter()
                 .map(|t| model_metadata_response::TensorMetadata {
@@ -429,8 +430,8 @@ fn config_type(name: &str) -> i32 {
 }
 
 /// A model version's statistics as Triton's message.
-fn model_statistics(stats: models::ModelStats) -> ModelStatistics {
-    let d = |d: models::StatDuration| Some(StatisticDuration { count: d.count, ns: d.ns });
+fn model_statistics(stats: v2::ModelStats) -> ModelStatistics {
+    let d = |d: v2::StatDuration| Some(StatisticDuration { count: d.count, ns: d.ns });
     let i = stats.inference_stats;
     ModelStatistics {
         name: stats.name,
@@ -445,8 +446,8 @@ fn model_statistics(stats: models::ModelStats) -> ModelStatistics {
             compute_input: d(i.compute_input),
             compute_infer: d(i.compute_infer),
             compute_output: d(i.compute_output),
-            cache_hit: d(models::StatDuration::default()),
-            cache_miss: d(models::StatDuration::default()),
+            cache_hit: d(v2::StatDuration::default()),
+            cache_miss: d(v2::StatDuration::default()),
         }),
         batch_stats: Vec::new(),
     }

@@ -1,24 +1,12 @@
 //! The repository's index and model control, in Triton's terms: every model version with its state, and loading
 //! or unloading a model while the server runs (`--model-control explicit`).
 
-use serde::Serialize;
-
 use crate::codec::quoted;
+use crate::codec::v2::models::V2IndexEntry;
 use crate::config::ModelControl;
 use crate::error::AppError;
 use crate::registry::{ControlError, ModelState};
 use crate::state::AppState;
-
-/// One model version in the repository index.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct V2IndexEntry {
-    pub name: String,
-    /// Empty for a model of the repository that was never loaded.
-    pub version: String,
-    /// `READY`, `LOADING` or `UNAVAILABLE`.
-    pub state: &'static str,
-    pub reason: String,
-}
 
 /// Every model version with its state and, under `--model-control explicit`, the model folders added since
 /// start-up (`UNAVAILABLE`, not loaded); only the ready ones with `ready_only`.

@@ -1,10 +1,11 @@
 //! What the text protocols share beyond inference: a model's service checked before its body is read, the pairs a
-//! rerank request makes, a reranker's scores in rank order, a sparse embedding's non-zero weights, and TEI's timing
-//! headers, which its clients and OpenAI's route read alike.
+//! rerank request makes, a reranker's scores in rank order, a tensor protocol's `dimensions`, and TEI's timing
+//! headers, which its clients, OpenAI's and Cohere's routes carry alike.
 
 use axum::http::{HeaderMap, HeaderValue};
 use inferd_core::Tensor;
-use inferd_models::{Dimensions, LoadedModel, Request, Service, Texts};
+use inferd_models::task::Dimensions;
+use inferd_models::{LoadedModel, Request, Service, Texts};
 
 use crate::codec::CodecError;
 use crate::error::AppError;
@@ -43,18 +44,6 @@ pub fn ranked(tensors: &[Tensor]) -> Result<Vec<(usize, f32)>, CodecError> {
     let mut ranked: Vec<(usize, f32)> = scores.into_iter().enumerate().collect();
     ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
     Ok(ranked)
-}
-
-/// Each text's non-zero weights of a sparse embedding `FP32 [texts, vocab]`, as (vocabulary index, weight) in
-/// the vocabulary's order.
-pub fn non_zero(tensors: &[Tensor]) -> Result<Vec<Vec<(usize, f32)>>, CodecError> {
-    let weights = tensors.first().ok_or_else(|| CodecError::Encode("no sparse embeddings".into()))?;
-    let vocab = weights.shape().last().copied().unwrap_or(1).max(1);
-    let values = weights.to_vec::<f32>().map_err(|e| CodecError::Encode(e.to_string()))?;
-    Ok(values
-        .chunks_exact(vocab)
-        .map(|row| row.iter().enumerate().filter(|(_, &v)| v != 0.0).map(|(i, &v)| (i, v)).collect())
-        .collect())
 }
 
 /// TEI's timing headers of a text answer, in whole milliseconds as TEI writes them: `x-compute-time` (tokenizing,

@@ -1,6 +1,6 @@
 //! The routes that several protocols share, each served as the model's task says it serves ([`Service`]): `POST
-//! /predict` and `/models/{model}/predict` (the seed's tensors, pictures, TEI's `/predict` on a classifier, the
-//! Inference API's token classification), SageMaker's `POST /invocations` (the default model's own route) and Vertex
+//! /predict` and `/models/{model}/predict` (pictures to a vision model, TEI's `/predict` on a classifier, the seed's
+//! tensors to every other model), SageMaker's `POST /invocations` (the default model's own route) and Vertex
 //! AI's `POST /vertex` (each of its instances as `/invocations` takes it). No body is read to choose: the model's
 //! service does.
 
@@ -15,9 +15,41 @@ use utoipa_axum::routes;
 
 use super::{images, predict, tei};
 use crate::codec::predict::PredictResponse;
-use crate::error::{body_error, AppError, InferErrors};
+use crate::error::{body_error, AppError, ErrorBody};
 use crate::request::{InflightHold, RoutedModel};
 use crate::state::AppState;
+
+/// An error of a route several protocols share: inferd's own `{"error"}`, or TEI's `{"error", "error_type"}` where
+/// TEI's handler served the request (a classifier's `/predict`, a text model's `/invocations`).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum SharedError {
+    Own(ErrorBody),
+    Tei(tei::TeiError),
+}
+
+/// The answers a shared route gives besides success, for the OpenAPI document.
+#[derive(utoipa::IntoResponses)]
+pub enum SharedErrors {
+    /// A body the model's task does not take (in the shape of the protocol that serves the model).
+    #[response(status = 400)]
+    BadRequest(SharedError),
+    /// An API key is configured and the request carries none, or a wrong one.
+    #[response(status = 401)]
+    Unauthorized(SharedError),
+    /// No such model.
+    #[response(status = 404)]
+    NotFound(SharedError),
+    /// The body, its tensor elements or its rows are over the server's limits.
+    #[response(status = 413)]
+    PayloadTooLarge(SharedError),
+    /// The model's queue is full; retry after `Retry-After` seconds.
+    #[response(status = 429)]
+    Overloaded(SharedError),
+    /// The model is not ready, the server is draining, or the request's deadline passed in the queue.
+    #[response(status = 503)]
+    Unavailable(SharedError),
+}
 
 /// `/predict`, which serves the default model.
 pub fn default_route() -> OpenApiRouter<AppState> {
@@ -37,12 +69,12 @@ pub fn invocations_route() -> OpenApiRouter<AppState> {
 /// Serve `/predict` with the default model.
 #[utoipa::path(
     post, path = "/predict", tag = "inference",
-    request_body(content = Object, description = "As the model's task takes it. A tensor model (and a text model, its texts as tensors): one input as `input`, or several by name in `inputs`. A vision model: the file as the body (`Content-Type: image/*`), the parts of a `multipart/form-data` form, or `{\"image\": \"<base64>\"}` / `{\"images\": [...]}`; it answers `{model, device, predictions: [{width, height, outputs: {name: reading}}]}`. A classifier: TEI's `{\"inputs\": text | [a, b] | [[a], [b, c]]}`. A token classifier: `{\"inputs\": text, \"parameters\": {\"aggregation_strategy\"}}`. Without `--default-model`, the default classifier serves it."),
+    request_body(content = Object, description = "As the model's task takes it. A tensor model (and a text model, its texts as tensors): one input as `input`, or several by name in `inputs`. A vision model: the file as the body (`Content-Type: image/*`), the parts of a `multipart/form-data` form, or `{\"image\": \"<base64>\"}` / `{\"images\": [...]}`; it answers `{model, device, predictions: [{width, height, outputs: {name: reading}}]}`. A classifier: TEI's `{\"inputs\": text | [a, b] | [[a], [b, c]]}`. Without `--default-model`, the default classifier serves it."),
     params(("x-inferd-timeout-ms" = Option<u64>, Header, description = "Milliseconds the request may wait in the queue; past that it is answered 503 and never runs")),
     responses((status = 200, body = PredictResponse, headers(
         ("x-inferd-batch-size" = u64, description = "Rows in the batch that served the request"),
         ("x-inferd-queue-us" = u64, description = "Microseconds queued"),
-        ("x-inferd-compute-us" = u64, description = "Microseconds the batch computed"))), InferErrors),
+        ("x-inferd-compute-us" = u64, description = "Microseconds the batch computed"))), SharedErrors),
     security(("api_key" = []))
 )]
 async fn predict_default(
@@ -61,7 +93,7 @@ async fn predict_default(
     request_body(content = Object, description = "As `/predict` takes it for the model's task."),
     params(("model" = String, Path, description = "The model"),
         ("x-inferd-timeout-ms" = Option<u64>, Header, description = "Milliseconds the request may wait in the queue")),
-    responses((status = 200, body = PredictResponse), InferErrors),
+    responses((status = 200, body = PredictResponse), SharedErrors),
     security(("api_key" = []))
 )]
 async fn predict_named(
@@ -78,7 +110,7 @@ async fn predict_named(
 #[utoipa::path(
     post, path = "/invocations", tag = "inference",
     request_body(content = Object, description = "As the default model's own route takes it: TEI's `/embed`, `/embed_sparse`, `/rerank` or `/predict` body for a text model (its `POST /`), the seed's `/predict` body or pictures otherwise."),
-    responses((status = 200, description = "As the model's own route answers"), InferErrors),
+    responses((status = 200, description = "As the model's own route answers"), SharedErrors),
     security(("api_key" = []))
 )]
 async fn invocations(
@@ -108,7 +140,7 @@ pub(crate) async fn invoke(
         Err(_) => Service::Tensors,
     };
     match service.takes_text() {
-        true => tei::info::root(state, model, hold, body).await.unwrap_or_else(IntoResponse::into_response),
+        true => tei::root(state, model, hold, body).await.unwrap_or_else(IntoResponse::into_response),
         false => serve(state, model, hold, headers, body).await,
     }
 }
@@ -129,13 +161,11 @@ async fn serve(
         let carrier = images::carrier(&headers, service == Service::Images)?;
         Ok::<_, AppError>(match service {
             Service::Classify => tei::score::predict(&state, &model, &hold, body).await.into_response(),
-            Service::TokenClassify => tei::token::classify_tokens(&state, &model, &hold, body).await.into_response(),
             // Pictures sent to a model that takes none: its task says so.
             Service::Images => images::predict(&state, &model, &hold, carrier, body, deadline).await?,
             _ if carrier.is_some() => images::predict(&state, &model, &hold, carrier, body, deadline).await?,
-            Service::Tensors | Service::Embed | Service::EmbedSparse | Service::Rerank => {
-                predict::serve(&state, &model, &hold, body, deadline).await?
-            }
+            // Every other model, whatever its task, by its tensor face (a text model: texts in as `BYTES`).
+            _ => predict::serve(&state, &model, &hold, body, deadline).await?,
         })
     };
     answer.await.unwrap_or_else(IntoResponse::into_response)
@@ -159,7 +189,7 @@ pub struct VertexRequest {
 /// container contract.
 #[utoipa::path(
     post, path = "/vertex", tag = "inference", request_body = VertexRequest,
-    responses((status = 200, description = "`{\"predictions\": [...]}`: each instance's answer, in order"), InferErrors),
+    responses((status = 200, description = "`{\"predictions\": [...]}`: each instance's answer, in order"), SharedErrors),
     security(("api_key" = []))
 )]
 pub(crate) async fn vertex(

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use inferd_models::{file_from_base64, Input, LoadedModel, Picture, Reading, Request};
+use inferd_models::task::{file_from_base64, Picture, Reading};
+use inferd_models::{Input, LoadedModel, Request};
 use serde::{Deserialize, Serialize};
 
 use crate::budget::Hold;
@@ -139,8 +140,8 @@ struct PictureJson<'a> {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum ReadingJson<'a> {
-    Classes(&'a [inferd_models::Class]),
-    Boxes(&'a [inferd_models::Detection]),
+    Classes(&'a [inferd_models::task::Class]),
+    Boxes(&'a [inferd_models::task::Detection]),
     Tensor(NestedJson<'a>),
 }
 

@@ -9,15 +9,18 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use inferd_models::{Input, Request};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::codec::v2::models::{
+    TritonModelConfig, V2IndexEntry, V2IndexRequest, V2LoadRequest, V2ModelMetadata, V2ServerMetadata, V2Statistics,
+};
 use crate::codec::v2::{decode_infer, encode_infer, V2InferRequest, V2InferResponse, JSON_LENGTH_HEADER};
 use crate::error::{body_error, AppError, ErrorBody, InferErrors};
 use crate::ops::infer::{classify_outputs, deadline_in, decode, encode, infer};
-use crate::ops::models::{self, ModelStats, TritonModelConfig, V2ModelMetadata, V2ServerMetadata};
-use crate::ops::repository::{self, V2IndexEntry};
+use crate::ops::models;
+use crate::ops::repository;
 use crate::request::{InflightHold, RoutedModel};
 use crate::state::AppState;
 
@@ -74,14 +77,6 @@ async fn server_ready(State(state): State<AppState>) -> Result<StatusCode, AppEr
     models::server_ready(&state).map(|()| StatusCode::OK)
 }
 
-/// `POST /v2/repository/index` body (optional).
-#[derive(Deserialize, Default, utoipa::ToSchema)]
-pub struct V2IndexRequest {
-    /// Only the models that are ready.
-    #[serde(default)]
-    ready: bool,
-}
-
 /// The models and their states.
 #[utoipa::path(post, path = "/v2/repository/index", tag = "kserve-v2",
     request_body(content = Option<V2IndexRequest>),
@@ -93,15 +88,6 @@ async fn repository_index(
 ) -> Result<Json<Vec<V2IndexEntry>>, AppError> {
     let request: V2IndexRequest = optional_json(body, "index")?.unwrap_or_default();
     Ok(Json(repository::index(&state, request.ready).await?))
-}
-
-/// `POST /v2/repository/models/{model}/load` body (optional). Triton's clients may send a configuration or files
-/// in `parameters`; inferd reads the model's folder instead, and refuses them.
-#[derive(Deserialize, Default, utoipa::ToSchema)]
-pub struct V2LoadRequest {
-    #[serde(default)]
-    #[schema(value_type = Object)]
-    parameters: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A JSON body that may be empty.
@@ -172,12 +158,6 @@ async fn model_ready(State(state): State<AppState>, model: RoutedModel) -> Resul
     security(("api_key" = [])))]
 async fn model_config(State(state): State<AppState>, model: RoutedModel) -> Result<Json<TritonModelConfig>, AppError> {
     Ok(Json(models::model_config(&*model.current(state.registry())?)?))
-}
-
-/// `GET /v2/models/stats` and the per-model routes: Triton's statistics extension.
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct V2Statistics {
-    model_stats: Vec<ModelStats>,
 }
 
 /// Every loaded model version's statistics.

@@ -9,16 +9,13 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use inferd_core::Precision;
-use inferd_models::Service;
 use serde::Serialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::score::{label_maps, labels_of};
 use super::{TeiError, TeiFailure};
-use crate::error::{body_error, AppError};
+use crate::error::AppError;
 use crate::request::{InflightHold, RoutedModel};
-use crate::routes::{inputs_kind, InputsKind};
 use crate::state::AppState;
 
 /// `GET /info`, with the default text model.
@@ -97,26 +94,13 @@ fn info(State(state): State<AppState>, model: Result<RoutedModel, AppError>) -> 
             entry.name()
         ))
     })?;
-    let labelled = |kind: &str| {
-        let (id2label, label2id) = label_maps(&labels_of(meta));
-        serde_json::json!({ kind: { "id2label": id2label, "label2id": label2id } })
-    };
-    let model_type = match loaded.service() {
-        Service::Rerank => labelled("reranker"),
-        Service::Classify => labelled("classifier"),
-        // Not one of TEI's: its clients know no token classifier.
-        Service::TokenClassify => labelled("token_classifier"),
-        Service::Embed => serde_json::json!({ "embedding": { "pooling": text.pooling.as_str() } }),
-        Service::EmbedSparse => serde_json::json!({ "embedding": { "pooling": "splade" } }),
-        Service::Tensors | Service::Images => {
-            return Err(AppError::bad_request(format!(
-                "model `{}` {}: TEI's routes serve text models",
-                entry.name(),
-                loaded.service().does()
-            ))
-            .into())
-        }
-    };
+    let model_type = super::model_type(&loaded, text).ok_or_else(|| {
+        AppError::bad_request(format!(
+            "model `{}` {}: TEI's routes serve text models",
+            entry.name(),
+            loaded.service().does()
+        ))
+    })?;
     let batching = &loaded.batching;
     let info = Info {
         model_id: entry.name().to_owned(),
@@ -155,7 +139,7 @@ async fn root_default(
     hold: InflightHold,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, TeiFailure> {
-    root(state, model, hold, body).await
+    super::root(state, model, hold, body).await
 }
 
 /// Serve the named text model's task.
@@ -172,34 +156,5 @@ async fn root_named(
     hold: InflightHold,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, TeiFailure> {
-    root(state, model, hold, body).await
-}
-
-pub(crate) async fn root(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    hold: InflightHold,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, TeiFailure> {
-    let routed = model?;
-    let model = routed.serving(state.registry())?;
-    match model.service() {
-        Service::Rerank => super::score::rerank(state, Ok(routed), hold, body).await,
-        Service::Classify => super::score::predict(&state, &model, &hold.0, body.map_err(body_error)?).await,
-        Service::TokenClassify => {
-            super::token::classify_tokens(&state, &model, &hold.0, body.map_err(body_error)?).await
-        }
-        Service::EmbedSparse => super::embed_sparse(state, Ok(routed), hold, body).await,
-        // A similarity request's `inputs` is an object (`source_sentence`, `sentences`); an embed request's is not.
-        Service::Embed if body.as_ref().is_ok_and(|b| inputs_kind(b) == Some(InputsKind::Object)) => {
-            super::similarity(state, Ok(routed), hold, body).await
-        }
-        Service::Embed => super::embed(state, Ok(routed), hold, body).await,
-        service @ (Service::Tensors | Service::Images) => Err(AppError::bad_request(format!(
-            "model `{}` {}: POST / serves text models (use /models/{{model}}/predict)",
-            model.name(),
-            service.does()
-        ))
-        .into()),
-    }
+    super::root(state, model, hold, body).await
 }

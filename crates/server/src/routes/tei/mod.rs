@@ -56,20 +56,69 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use inferd_models::{Dimensions, Input, LoadedModel, Normalize, PerToken, Request, Service, TextInput, Texts};
+use inferd_models::task::{Dimensions, Normalize, PerToken};
+use inferd_models::{Input, LoadedModel, Request, Service, TextInput, Texts};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::TextsInput;
+use super::{inputs_kind, InputsKind, TextsInput};
 use crate::budget::Hold;
 use crate::codec::CodecError;
 use crate::error::{body_error, AppError, ErrorKind};
 use crate::ops::infer::{decode, encode, infer, Served};
-use crate::ops::text::{non_zero, require, timing_headers};
+use crate::ops::text::{require, timing_headers};
 use crate::request::{InflightHold, RoutedModel};
 use crate::state::AppState;
+
+/// `POST /`: what the model serves, as TEI's own route for it would (for an embedder, sentence similarity when the
+/// body asks for it, as `huggingface_hub` sends it). With [`model_type`], the one place TEI maps a service to what
+/// serves it: a task of a new service adds its handler here.
+pub(crate) async fn root(
+    state: State<AppState>,
+    model: Result<RoutedModel, AppError>,
+    hold: InflightHold,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, TeiFailure> {
+    let routed = model?;
+    let model = routed.serving(state.registry())?;
+    match model.service() {
+        Service::Rerank => score::rerank(state, Ok(routed), hold, body).await,
+        Service::Classify => score::predict(&state, &model, &hold.0, body.map_err(body_error)?).await,
+        Service::TokenClassify => token::classify_tokens(&state, &model, &hold.0, body.map_err(body_error)?).await,
+        Service::EmbedSparse => embed_sparse(state, Ok(routed), hold, body).await,
+        // A similarity request's `inputs` is an object (`source_sentence`, `sentences`); an embed request's is not.
+        Service::Embed if body.as_ref().is_ok_and(|b| inputs_kind(b) == Some(InputsKind::Object)) => {
+            similarity(state, Ok(routed), hold, body).await
+        }
+        Service::Embed => embed(state, Ok(routed), hold, body).await,
+        service @ (Service::Tensors | Service::Images) => Err(AppError::bad_request(format!(
+            "model `{}` {}: POST / serves text models (use /models/{{model}}/predict)",
+            model.name(),
+            service.does()
+        ))
+        .into()),
+    }
+}
+
+/// What `/info` says a model is (`{"embedding": {"pooling"}}`, `{"reranker"|"classifier": {"id2label", "label2id"}}`);
+/// `None` for a model that takes no text.
+fn model_type(model: &LoadedModel, text: &inferd_core::text::TextInfo) -> Option<serde_json::Value> {
+    let labelled = |kind: &str| {
+        let (id2label, label2id) = score::label_maps(&text.labels);
+        serde_json::json!({ kind: { "id2label": id2label, "label2id": label2id } })
+    };
+    Some(match model.service() {
+        Service::Rerank => labelled("reranker"),
+        Service::Classify => labelled("classifier"),
+        // Not one of TEI's: its clients know no token classifier.
+        Service::TokenClassify => labelled("token_classifier"),
+        Service::Embed => serde_json::json!({ "embedding": { "pooling": text.pooling.as_str() } }),
+        Service::EmbedSparse => serde_json::json!({ "embedding": { "pooling": "splade" } }),
+        Service::Tensors | Service::Images => return None,
+    })
+}
 
 /// `/embed` and `/embed_all`, which serve the default embedding model.
 pub fn default_route() -> OpenApiRouter<AppState> {
@@ -357,6 +406,18 @@ pub(super) async fn embed_sparse(
         json_body(&texts)
     })
     .await
+}
+
+/// Each text's non-zero weights of a sparse embedding `FP32 [texts, vocab]`, as (vocabulary index, weight) in
+/// the vocabulary's order.
+fn non_zero(tensors: &[inferd_core::Tensor]) -> Result<Vec<Vec<(usize, f32)>>, CodecError> {
+    let weights = tensors.first().ok_or_else(|| CodecError::Encode("no sparse embeddings".into()))?;
+    let vocab = weights.shape().last().copied().unwrap_or(1).max(1);
+    let values = weights.to_vec::<f32>().map_err(|e| CodecError::Encode(e.to_string()))?;
+    Ok(values
+        .chunks_exact(vocab)
+        .map(|row| row.iter().enumerate().filter(|(_, &v)| v != 0.0).map(|(i, &v)| (i, v)).collect())
+        .collect())
 }
 
 /// `/similarity`, with the default embedding model.

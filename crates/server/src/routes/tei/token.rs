@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::response::Response;
-use inferd_models::{Aggregation, Entity, IgnoreLabels, Input, LoadedModel, Request, Service, Texts};
+use inferd_models::task::{Aggregation, Entity, IgnoreLabels};
+use inferd_models::{Input, LoadedModel, Request, Service, Texts};
 use serde::{Deserialize, Serialize};
 
 use super::{json_body, serve_json, text_input, TeiFailure, TruncationDirection};

@@ -368,6 +368,7 @@ pub fn encode_infer(
     Ok((body, has_binary.then_some(json_len)))
 }
 
+pub mod models;
+
 #[cfg(test)]
-#[path = "v2_tests.rs"]
 pub(crate) mod tests;

@@ -1,0 +1,77 @@
+//! The layers every request passes first, over HTTP and gRPC alike: its request id (screened, made where missing,
+//! echoed), its span, and a panic answered in the front end's own words. The HTTP app and the gRPC service both wrap
+//! their routes in [`outer_layers`].
+
+use axum::http::{HeaderName, HeaderValue};
+use axum::middleware;
+use axum::Router;
+use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
+
+/// The request id: taken from the request, or made, and echoed in the response.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// The layers every request passes first, over HTTP and gRPC alike: its request id (screened, made where
+/// missing, echoed), its span, and a panic answered with `panicked`'s response.
+pub fn outer_layers<S: Clone + Send + Sync + 'static>(
+    routes: Router<S>,
+    panicked: fn() -> axum::response::Response,
+) -> Router<S> {
+    let request_id = HeaderName::from_static(REQUEST_ID_HEADER);
+    routes
+        .layer(PropagateRequestIdLayer::new(request_id.clone()))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(request_span)
+                .on_request(())
+                .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG))
+                .on_failure(()),
+        )
+        .layer(SetRequestIdLayer::new(request_id, RandomRequestId))
+        .layer(middleware::map_request(screen_request_id))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(move |_| panicked()))
+}
+
+/// The longest request id a client may choose.
+pub const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// Whether a client's request id is kept: 1 to [`MAX_REQUEST_ID_LEN`] visible characters from a safe set, so that
+/// what the logs and the echoed header carry is an id and nothing a client smuggled in.
+fn acceptable_request_id(id: &[u8]) -> bool {
+    (1..=MAX_REQUEST_ID_LEN).contains(&id.len())
+        && id.iter().all(|&c| c.is_ascii_alphanumeric() || b"-_.:/+=@".contains(&c))
+}
+
+/// Drops a request id that is not acceptable (or sent more than once): a new one is made in its place.
+async fn screen_request_id(mut request: axum::extract::Request) -> axum::extract::Request {
+    let ids = request.headers().get_all(REQUEST_ID_HEADER);
+    let mut iter = ids.iter();
+    let keep = match (iter.next(), iter.next()) {
+        (None, _) => true,
+        (Some(id), None) => acceptable_request_id(id.as_bytes()),
+        (Some(_), Some(_)) => false,
+    };
+    if !keep {
+        request.headers_mut().remove(REQUEST_ID_HEADER);
+    }
+    request
+}
+
+/// Request ids for requests that come without one: random (version 4) UUIDs from a per-thread generator seeded
+/// once, rather than a `getrandom` system call per request.
+#[derive(Clone, Copy)]
+struct RandomRequestId;
+
+impl MakeRequestId for RandomRequestId {
+    fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<RequestId> {
+        let id = uuid::Builder::from_random_bytes(fastrand::u128(..).to_le_bytes()).into_uuid();
+        let mut text = uuid::Uuid::encode_buffer();
+        HeaderValue::from_str(id.hyphenated().encode_lower(&mut text)).ok().map(RequestId::new)
+    }
+}
+
+/// The span every request runs in; the batcher carries it to the worker thread that serves the request.
+fn request_span<B>(request: &axum::http::Request<B>) -> tracing::Span {
+    let id = request.headers().get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    tracing::info_span!("request", id = %id, method = %request.method(), path = %request.uri().path())
+}
