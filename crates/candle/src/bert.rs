@@ -59,7 +59,11 @@ struct MlmHead {
     dense: Linear,
     activation: HiddenAct,
     norm: LayerNorm,
-    decoder: Linear,
+    /// The decoder's weight transposed, `[hidden, vocab]`, contiguous: a matrix product reads it as it is, where the
+    /// tied `[vocab, hidden]` table would be copied into that layout on every batch.
+    decoder_t: Tensor,
+    /// `[vocab]`.
+    bias: Tensor,
 }
 
 /// Which member of BERT's family a checkpoint is, from its `config.json`'s `model_type`.
@@ -373,32 +377,52 @@ impl MlmHead {
             dense: candle_nn::linear(hidden, hidden, dense)?,
             activation,
             norm: candle_nn::layer_norm(hidden, eps, norm)?,
-            decoder: Linear::new(weight, Some(bias)),
+            decoder_t: weight.t()?.contiguous()?,
+            bias,
         })
     }
 
     /// SPLADE's weights `[rows, vocab]` (F32) of a last hidden state `[rows, seq, hidden]`: the logits through
-    /// `log(1 + relu(x))`, the largest over each row's real tokens (`mask`, F32 `[rows, seq]`). Rows are taken a
-    /// slice at a time, so that a batch's logits never all exist at once.
+    /// `log(1 + relu(x))`, the largest over each row's real tokens (`mask`, F32 `[rows, seq]`). Only real tokens go
+    /// through the decoder (most of a ragged batch's positions may be padding, and the decoder is most of the
+    /// work), a slice of rows at a time, so that a batch's logits never all exist at once.
     fn sparse(&self, hidden: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
-        let (rows, seq, _) = hidden.dims3()?;
-        let vocab = self.decoder.weight().dim(0)?;
-        let step = (MAX_SPARSE_LOGITS / (seq * vocab).max(1)).clamp(1, rows.max(1));
-        let mut slices = Vec::with_capacity(rows.div_ceil(step));
-        for start in (0..rows).step_by(step) {
-            let n = step.min(rows - start);
-            let x = self.dense.forward(&hidden.narrow(0, start, n)?)?;
+        let (rows, seq, width) = hidden.dims3()?;
+        let vocab = self.bias.dim(0)?;
+        // Each row's real tokens, as positions in the batch flattened to [rows × seq]; padding follows them.
+        let lengths: Vec<usize> =
+            mask.sum(1)?.to_dtype(DType::F32)?.to_vec1::<f32>()?.into_iter().map(|n| n.round() as usize).collect();
+        let flat = hidden.reshape((rows * seq, width))?;
+        let mut weights = Vec::with_capacity(rows);
+        let mut first = 0;
+        while first < rows {
+            // Rows while their tokens' logits stay within the bound (always at least one row).
+            let mut last = first + 1;
+            let mut tokens = lengths[first];
+            while last < rows && (tokens + lengths[last]) * vocab <= MAX_SPARSE_LOGITS {
+                tokens += lengths[last];
+                last += 1;
+            }
+            let positions: Vec<u32> =
+                (first..last).flat_map(|r| (0..lengths[r]).map(move |t| (r * seq + t) as u32)).collect();
+            let positions = Tensor::from_vec(positions, tokens, hidden.device())?;
+            let x = self.dense.forward(&flat.index_select(&positions, 0)?)?;
             let x = match self.activation {
                 HiddenAct::Gelu => x.gelu_erf()?,
                 HiddenAct::GeluApproximate => x.gelu()?,
                 HiddenAct::Relu => x.relu()?,
             };
-            let logits = self.decoder.forward(&self.norm.forward(&x)?)?.to_dtype(DType::F32)?;
-            // relu first: a padded position's 0 then never wins over a real one, whose weights are ≥ 0.
-            let kept = logits.relu()?.broadcast_mul(&mask.narrow(0, start, n)?.unsqueeze(D::Minus1)?)?;
-            slices.push(kept.max(1)?);
+            let x = self.norm.forward(&x)?;
+            let logits = x.matmul(&self.decoder_t)?.broadcast_add(&self.bias)?;
+            let logits = logits.to_dtype(DType::F32)?.relu()?;
+            let mut start = 0;
+            for &n in &lengths[first..last] {
+                weights.push(logits.narrow(0, start, n)?.max(0)?);
+                start += n;
+            }
+            first = last;
         }
-        (Tensor::cat(&slices, 0)? + 1.0)?.log()
+        (Tensor::stack(&weights, 0)? + 1.0)?.log()
     }
 }
 

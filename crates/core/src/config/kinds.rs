@@ -137,6 +137,15 @@ pub enum Task {
 }
 
 impl Task {
+    /// Every task.
+    pub const ALL: [Task; 6] =
+        [Task::Tensors, Task::Embed, Task::Rerank, Task::Classify, Task::EmbedSparse, Task::TokenClassify];
+
+    /// The names of the tasks `which` keeps, for a message: "`embed`, `rerank`, …".
+    pub fn names(which: fn(Task) -> bool) -> String {
+        Task::ALL.into_iter().filter(|t| which(*t)).map(|t| format!("`{}`", t.as_str())).collect::<Vec<_>>().join(", ")
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Task::Tensors => "tensors",

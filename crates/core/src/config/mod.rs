@@ -269,14 +269,18 @@ impl ModelConfig {
             return Err("batching.max_batch_tokens: must be at least 1".into());
         }
         if !self.task.is_text() && self.text != TextOverrides::default() {
-            return Err("tokenizer, pooling, normalize, max_seq_len and labels belong to text models: add task = \
-                        \"embed\", \"embed_sparse\", \"rerank\", \"classify\" or \"token_classify\""
-                .into());
+            return Err(format!(
+                "tokenizer, pooling, normalize, max_seq_len and labels belong to text models: set `task` to one that \
+                 takes text ({})",
+                Task::names(Task::is_text)
+            ));
         }
         if self.text.labels.is_some() && !self.task.has_labels() {
-            return Err(
-                "labels: only a model with task = \"rerank\", \"classify\" or \"token_classify\" has labels".into()
-            );
+            return Err(format!(
+                "labels: a model whose task is `{}` has none; only a classification head's have ({})",
+                self.task.as_str(),
+                Task::names(Task::has_labels)
+            ));
         }
         if self.text.labels.as_ref().is_some_and(|l| l.is_empty() || l.iter().any(String::is_empty)) {
             return Err("labels: a list of non-empty names, one per output of the classification head".into());

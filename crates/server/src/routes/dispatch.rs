@@ -66,44 +66,26 @@ pub fn invocations_route() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(invocations))
 }
 
-/// Serve `/predict` with the default model.
-#[utoipa::path(
-    post, path = "/predict", tag = "inference",
-    request_body(content = Object, description = "As the model's task takes it. A tensor model (and a text model, its texts as tensors): one input as `input`, or several by name in `inputs`. A vision model: the file as the body (`Content-Type: image/*`), the parts of a `multipart/form-data` form, or `{\"image\": \"<base64>\"}` / `{\"images\": [...]}`; it answers `{model, device, predictions: [{width, height, outputs: {name: reading}}]}`. A classifier: TEI's `{\"inputs\": text | [a, b] | [[a], [b, c]]}`. Without `--default-model`, the default classifier serves it."),
-    params(("x-inferd-timeout-ms" = Option<u64>, Header, description = "Milliseconds the request may wait in the queue; past that it is answered 503 and never runs")),
+twin_routes! {
+    post serve, (
+        state: State<AppState>,
+        model: Result<RoutedModel, AppError>,
+        hold: InflightHold,
+        headers: HeaderMap,
+        body: Result<Bytes, BytesRejection>,
+    ) -> Response;
+    "Serve `/predict` with the default model." predict_default at "/predict"
+        (("x-inferd-timeout-ms" = Option<u64>, Header, description = "Milliseconds the request may wait in the queue; past that it is answered 503 and never runs"));
+    "Serve `/predict` with the named model." predict_named at "/models/{model}/predict"
+        (("model" = String, Path, description = "The model"),
+         ("x-inferd-timeout-ms" = Option<u64>, Header, description = "Milliseconds the request may wait in the queue; past that it is answered 503 and never runs"));
+    tag = "inference",
+    request_body(content = Object, description = "As the model's task takes it. A tensor model (and a text model, its texts as tensors): one input as `input`, or several by name in `inputs`. A vision model: the file as the body (`Content-Type: image/*`), the parts of a `multipart/form-data` form, or `{\"image\": \"<base64>\"}` / `{\"images\": [...]}`; it answers `{model, device, predictions: [{width, height, outputs: {name: reading}}]}`. A classifier: TEI's `{\"inputs\": text | [a, b] | [[a], [b, c]]}`. Without `--default-model`, `/predict` serves the default classifier."),
     responses((status = 200, body = PredictResponse, headers(
         ("x-inferd-batch-size" = u64, description = "Rows in the batch that served the request"),
         ("x-inferd-queue-us" = u64, description = "Microseconds queued"),
         ("x-inferd-compute-us" = u64, description = "Microseconds the batch computed"))), SharedErrors),
     security(("api_key" = []))
-)]
-async fn predict_default(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    hold: InflightHold,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    serve(state, model, hold, headers, body).await
-}
-
-/// Serve `/predict` with the named model.
-#[utoipa::path(
-    post, path = "/models/{model}/predict", tag = "inference",
-    request_body(content = Object, description = "As `/predict` takes it for the model's task."),
-    params(("model" = String, Path, description = "The model"),
-        ("x-inferd-timeout-ms" = Option<u64>, Header, description = "Milliseconds the request may wait in the queue")),
-    responses((status = 200, body = PredictResponse), SharedErrors),
-    security(("api_key" = []))
-)]
-async fn predict_named(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    hold: InflightHold,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    serve(state, model, hold, headers, body).await
 }
 
 /// Serve the default model as its own route would: SageMaker's container contract.

@@ -3,6 +3,30 @@
 //! `/metrics`; [`dispatch`] serves the routes several share (`/predict`, `/invocations`) as the model's task says. A handler reads top to bottom: decode its body, [`crate::ops`] (the task's steps around the batcher),
 //! encode the answer. The app assembles them.
 
+/// One route served at two paths by one handler: `$first` at `$first_path` and `$second` at `$second_path` (a
+/// default model and a named one, or a model's newest version and a named version), documented alike in the OpenAPI
+/// document, each with its own path parameters. `$serve` is the handler: an `async fn` of the same arguments.
+macro_rules! twin_routes {
+    (
+        $method:ident $serve:path, ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty;
+        $first_doc:literal $first:ident at $first_path:literal ($($first_params:tt)*);
+        $second_doc:literal $second:ident at $second_path:literal ($($second_params:tt)*);
+        $($attrs:tt)+
+    ) => {
+        #[doc = $first_doc]
+        #[utoipa::path($method, path = $first_path, params($($first_params)*), $($attrs)+)]
+        async fn $first($($arg: $ty),*) -> $ret {
+            $serve($($arg),*).await
+        }
+
+        #[doc = $second_doc]
+        #[utoipa::path($method, path = $second_path, params($($second_params)*), $($attrs)+)]
+        async fn $second($($arg: $ty),*) -> $ret {
+            $serve($($arg),*).await
+        }
+    };
+}
+
 pub mod cohere;
 pub mod dispatch;
 pub mod health;

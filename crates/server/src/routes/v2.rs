@@ -135,28 +135,47 @@ async fn repository_unload(State(state): State<AppState>, Path(name): Path<Strin
     Ok(StatusCode::OK)
 }
 
-/// A model's inputs and outputs.
-#[utoipa::path(get, path = "/v2/models/{model}", tag = "kserve-v2", params(("model" = String, Path, description = "The model")),
+twin_routes! {
+    get metadata, (state: State<AppState>, model: RoutedModel) -> Result<Json<V2ModelMetadata>, AppError>;
+    "A model's inputs and outputs." model_metadata at "/v2/models/{model}" (("model" = String, Path, description = "The model"));
+    "A model version's inputs and outputs." version_metadata at "/v2/models/{model}/versions/{version}"
+        (("model" = String, Path, description = "The model"), ("version" = String, Path, description = "The version: `1`, or the number of its version folder"));
+    tag = "kserve-v2",
     responses((status = 200, body = V2ModelMetadata), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
-    security(("api_key" = [])))]
-async fn model_metadata(State(state): State<AppState>, model: RoutedModel) -> Result<Json<V2ModelMetadata>, AppError> {
+    security(("api_key" = []))
+}
+
+async fn metadata(State(state): State<AppState>, model: RoutedModel) -> Result<Json<V2ModelMetadata>, AppError> {
     Ok(Json(models::model_metadata(&state, &*model.current(state.registry())?)?))
 }
 
-/// A model's readiness.
-#[utoipa::path(get, path = "/v2/models/{model}/ready", tag = "kserve-v2", params(("model" = String, Path, description = "The model")),
+twin_routes! {
+    get ready, (state: State<AppState>, model: RoutedModel) -> Result<StatusCode, AppError>;
+    "A model's readiness." model_ready at "/v2/models/{model}/ready" (("model" = String, Path, description = "The model"));
+    "A model version's readiness." version_ready at "/v2/models/{model}/versions/{version}/ready"
+        (("model" = String, Path, description = "The model"), ("version" = String, Path, description = "The version: `1`, or the number of its version folder"));
+    tag = "kserve-v2",
     responses((status = 200, description = "Ready"), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
-    security(("api_key" = [])))]
-async fn model_ready(State(state): State<AppState>, model: RoutedModel) -> Result<StatusCode, AppError> {
+    security(("api_key" = []))
+}
+
+async fn ready(State(state): State<AppState>, model: RoutedModel) -> Result<StatusCode, AppError> {
     models::model_ready(&*model.current(state.registry())?).map(|()| StatusCode::OK)
 }
 
-/// A model's configuration, in Triton's terms.
-#[utoipa::path(get, path = "/v2/models/{model}/config", tag = "kserve-v2", params(("model" = String, Path, description = "The model")),
+twin_routes! {
+    get config, (state: State<AppState>, model: RoutedModel) -> Result<Json<TritonModelConfig>, AppError>;
+    "A model's configuration, in Triton's terms." model_config at "/v2/models/{model}/config"
+        (("model" = String, Path, description = "The model"));
+    "A model version's configuration, in Triton's terms." version_config at "/v2/models/{model}/versions/{version}/config"
+        (("model" = String, Path, description = "The model"), ("version" = String, Path, description = "The version: `1`, or the number of its version folder"));
+    tag = "kserve-v2",
     responses((status = 200, body = TritonModelConfig, description = "Triton-style model configuration"),
         (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
-    security(("api_key" = [])))]
-async fn model_config(State(state): State<AppState>, model: RoutedModel) -> Result<Json<TritonModelConfig>, AppError> {
+    security(("api_key" = []))
+}
+
+async fn config(State(state): State<AppState>, model: RoutedModel) -> Result<Json<TritonModelConfig>, AppError> {
     Ok(Json(models::model_config(&*model.current(state.registry())?)?))
 }
 
@@ -236,58 +255,27 @@ async fn run_infer(
     Ok((headers, body).into_response())
 }
 
-/// Runs an inference.
-#[utoipa::path(post, path = "/v2/models/{model}/infer", tag = "kserve-v2", params(("model" = String, Path, description = "The model")),
+twin_routes! {
+    post infer_route, (
+        state: State<AppState>,
+        model: Result<RoutedModel, AppError>,
+        hold: InflightHold,
+        headers: HeaderMap,
+        body: Result<Bytes, BytesRejection>,
+    ) -> Result<Response, AppError>;
+    "Runs an inference on a model's newest ready version." infer_latest at "/v2/models/{model}/infer"
+        (("model" = String, Path, description = "The model"));
+    "Runs an inference on a model version." infer_version at "/v2/models/{model}/versions/{version}/infer"
+        (("model" = String, Path, description = "The model"), ("version" = String, Path, description = "The version: `1`, or the number of its version folder"));
+    tag = "kserve-v2",
     request_body(description = "JSON, or JSON followed by binary tensors (`Inference-Header-Content-Length`)",
         content((V2InferRequest = "application/json"), ("application/octet-stream"))),
     responses((status = 200, description = "JSON, or JSON followed by binary outputs",
         content((V2InferResponse = "application/json"), ("application/octet-stream"))), InferErrors),
-    security(("api_key" = [])))]
-async fn infer_latest(
-    State(state): State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    hold: InflightHold,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, AppError> {
-    run_infer(&state, model, hold, &headers, body).await
+    security(("api_key" = []))
 }
 
-// The same handlers under `/versions/{version}`: one function per documented path.
-
-/// A model version's inputs and outputs.
-#[utoipa::path(get, path = "/v2/models/{model}/versions/{version}", tag = "kserve-v2", params(("model" = String, Path, description = "The model"), ("version" = String, Path, description = "The version: `1`, or the number of its version folder")),
-    responses((status = 200, body = V2ModelMetadata), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
-    security(("api_key" = [])))]
-async fn version_metadata(state: State<AppState>, model: RoutedModel) -> Result<Json<V2ModelMetadata>, AppError> {
-    model_metadata(state, model).await
-}
-
-/// A model version's readiness.
-#[utoipa::path(get, path = "/v2/models/{model}/versions/{version}/ready", tag = "kserve-v2", params(("model" = String, Path, description = "The model"), ("version" = String, Path, description = "The version: `1`, or the number of its version folder")),
-    responses((status = 200, description = "Ready"), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
-    security(("api_key" = [])))]
-async fn version_ready(state: State<AppState>, model: RoutedModel) -> Result<StatusCode, AppError> {
-    model_ready(state, model).await
-}
-
-/// A model version's configuration.
-#[utoipa::path(get, path = "/v2/models/{model}/versions/{version}/config", tag = "kserve-v2", params(("model" = String, Path, description = "The model"), ("version" = String, Path, description = "The version: `1`, or the number of its version folder")),
-    responses((status = 200, body = TritonModelConfig, description = "Triton-style model configuration"),
-        (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
-    security(("api_key" = [])))]
-async fn version_config(state: State<AppState>, model: RoutedModel) -> Result<Json<TritonModelConfig>, AppError> {
-    model_config(state, model).await
-}
-
-/// Runs an inference on a model version.
-#[utoipa::path(post, path = "/v2/models/{model}/versions/{version}/infer", tag = "kserve-v2", params(("model" = String, Path, description = "The model"), ("version" = String, Path, description = "The version: `1`, or the number of its version folder")),
-    request_body(description = "JSON, or JSON followed by binary tensors (`Inference-Header-Content-Length`)",
-        content((V2InferRequest = "application/json"), ("application/octet-stream"))),
-    responses((status = 200, description = "JSON, or JSON followed by binary outputs",
-        content((V2InferResponse = "application/json"), ("application/octet-stream"))), InferErrors),
-    security(("api_key" = [])))]
-async fn infer_version(
+async fn infer_route(
     State(state): State<AppState>,
     model: Result<RoutedModel, AppError>,
     hold: InflightHold,

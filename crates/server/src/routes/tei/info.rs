@@ -67,24 +67,17 @@ pub struct Info {
     docker_label: Option<String>,
 }
 
-/// What the default text model is.
-#[utoipa::path(get, path = "/info", tag = "models",
-    responses((status = 200, body = Info), (status = 400, body = TeiError), (status = 401, body = TeiError)),
-    security(("api_key" = [])))]
-async fn info_default(state: State<AppState>, model: Result<RoutedModel, AppError>) -> Result<Response, TeiFailure> {
-    info(state, model)
+twin_routes! {
+    get info, (state: State<AppState>, model: Result<RoutedModel, AppError>) -> Result<Response, TeiFailure>;
+    "What the default text model is." info_default at "/info" ();
+    "What the named model is." info_named at "/models/{model}/info" (("model" = String, Path, description = "The model"));
+    tag = "models",
+    responses((status = 200, body = Info), (status = 400, body = TeiError), (status = 401, body = TeiError),
+        (status = 404, body = TeiError)),
+    security(("api_key" = []))
 }
 
-/// What the named model is.
-#[utoipa::path(get, path = "/models/{model}/info", tag = "models",
-    params(("model" = String, Path, description = "The model")),
-    responses((status = 200, body = Info), (status = 401, body = TeiError), (status = 404, body = TeiError)),
-    security(("api_key" = [])))]
-async fn info_named(state: State<AppState>, model: Result<RoutedModel, AppError>) -> Result<Response, TeiFailure> {
-    info(state, model)
-}
-
-fn info(State(state): State<AppState>, model: Result<RoutedModel, AppError>) -> Result<Response, TeiFailure> {
+async fn info(State(state): State<AppState>, model: Result<RoutedModel, AppError>) -> Result<Response, TeiFailure> {
     let entry = model?.current(state.registry())?;
     let loaded = entry.serving()?;
     let meta = loaded.metadata();
@@ -126,35 +119,19 @@ fn info(State(state): State<AppState>, model: Result<RoutedModel, AppError>) -> 
     Ok(Json(info).into_response())
 }
 
-/// Serve the default text model's task.
-#[utoipa::path(post, path = "/", tag = "embeddings",
-    request_body(content = Object, description = "The body of `/embed`, `/rerank`, `/predict` or `/similarity`, as the model's task takes"),
-    responses((status = 200, description = "As the task's own route answers"),
-        (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 413, body = TeiError),
-        (status = 429, body = TeiError), (status = 503, body = TeiError)),
-    security(("api_key" = [])))]
-async fn root_default(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    hold: InflightHold,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, TeiFailure> {
-    super::root(state, model, hold, body).await
-}
-
-/// Serve the named text model's task.
-#[utoipa::path(post, path = "/models/{model}", tag = "embeddings",
-    params(("model" = String, Path, description = "The model")),
-    request_body(content = Object, description = "The body of `/embed`, `/rerank`, `/predict` or `/similarity`, as the model's task takes"),
+twin_routes! {
+    post super::root, (
+        state: State<AppState>,
+        model: Result<RoutedModel, AppError>,
+        hold: InflightHold,
+        body: Result<Bytes, BytesRejection>,
+    ) -> Result<Response, TeiFailure>;
+    "Serve what the default text model serves." root_default at "/" ();
+    "Serve what the named model serves." root_named at "/models/{model}" (("model" = String, Path, description = "The model"));
+    tag = "embeddings",
+    request_body(content = Object, description = "The body of `/embed`, `/embed_sparse`, `/rerank`, `/predict` or `/similarity`, or the Inference API's token classification, as the model's task takes"),
     responses((status = 200, description = "As the task's own route answers"),
         (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 404, body = TeiError),
         (status = 413, body = TeiError), (status = 429, body = TeiError), (status = 503, body = TeiError)),
-    security(("api_key" = [])))]
-async fn root_named(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    hold: InflightHold,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, TeiFailure> {
-    super::root(state, model, hold, body).await
+    security(("api_key" = []))
 }

@@ -81,58 +81,28 @@ pub struct DecodeRequest {
     skip_special_tokens: Option<bool>,
 }
 
-/// Tokenize texts with the default text model's tokenizer.
-#[utoipa::path(post, path = "/tokenize", tag = "tokenizer", request_body = TokenizeRequest,
-    responses((status = 200, description = "Each text's tokens", body = Vec<Vec<SimpleToken>>),
-        (status = 400, body = TeiError), (status = 401, body = TeiError)),
-    security(("api_key" = [])))]
-async fn tokenize_default(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, TeiFailure> {
-    tokenize(state, model, body).await
-}
-
-/// Tokenize texts with the named model's tokenizer.
-#[utoipa::path(post, path = "/models/{model}/tokenize", tag = "tokenizer", request_body = TokenizeRequest,
-    params(("model" = String, Path, description = "The model")),
+twin_routes! {
+    post tokenize, (state: State<AppState>, model: Result<RoutedModel, AppError>, body: Result<Bytes, BytesRejection>)
+        -> Result<Response, TeiFailure>;
+    "Tokenize texts with the default text model's tokenizer." tokenize_default at "/tokenize" ();
+    "Tokenize texts with the named model's tokenizer." tokenize_named at "/models/{model}/tokenize"
+        (("model" = String, Path, description = "The model"));
+    tag = "tokenizer", request_body = TokenizeRequest,
     responses((status = 200, description = "Each text's tokens", body = Vec<Vec<SimpleToken>>),
         (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 404, body = TeiError)),
-    security(("api_key" = [])))]
-async fn tokenize_named(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, TeiFailure> {
-    tokenize(state, model, body).await
+    security(("api_key" = []))
 }
 
-/// Decode token ids with the default text model's tokenizer.
-#[utoipa::path(post, path = "/decode", tag = "tokenizer", request_body = DecodeRequest,
-    responses((status = 200, description = "One text per list of ids", body = Vec<String>),
-        (status = 400, body = TeiError), (status = 401, body = TeiError)),
-    security(("api_key" = [])))]
-async fn decode_default(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, TeiFailure> {
-    decode(state, model, body).await
-}
-
-/// Decode token ids with the named model's tokenizer.
-#[utoipa::path(post, path = "/models/{model}/decode", tag = "tokenizer", request_body = DecodeRequest,
-    params(("model" = String, Path, description = "The model")),
+twin_routes! {
+    post decode, (state: State<AppState>, model: Result<RoutedModel, AppError>, body: Result<Bytes, BytesRejection>)
+        -> Result<Response, TeiFailure>;
+    "Decode token ids with the default text model's tokenizer." decode_default at "/decode" ();
+    "Decode token ids with the named model's tokenizer." decode_named at "/models/{model}/decode"
+        (("model" = String, Path, description = "The model"));
+    tag = "tokenizer", request_body = DecodeRequest,
     responses((status = 200, description = "One text per list of ids", body = Vec<String>),
         (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 404, body = TeiError)),
-    security(("api_key" = [])))]
-async fn decode_named(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, TeiFailure> {
-    decode(state, model, body).await
+    security(("api_key" = []))
 }
 
 /// A text model's tokenizer, or why the model has none.
