@@ -182,6 +182,17 @@ def test_bytes_texts_embed_as_over_http(server, client):
     over_http = httpclient.InferInput("text", [len(texts)], "BYTES")
     over_http.set_data_from_numpy(texts)
     np.testing.assert_array_equal(got, http.infer("minilm", [over_http]).as_numpy("embedding"))
+    # The `dimensions` parameter: the first dimensions, renormalised; out of range, INVALID_ARGUMENT; a model that
+    # gives no embeddings refuses it rather than leave it unread.
+    short = client.infer("minilm", [tensor], parameters={"dimensions": 64}).as_numpy("embedding")
+    want = got[:, :64] / np.linalg.norm(got[:, :64], axis=1, keepdims=True)
+    assert short.shape == (3, 64) and np.max(np.abs(short - want)) < 1e-6
+    for model, inputs, dimensions, words in (("minilm", [tensor], 385, "cannot lengthen"),
+                                             ("minilm", [tensor], 0, "at least 1"),
+                                             ("digits", [digits_input()], 8, "shortens an embedding model")):
+        with pytest.raises(InferenceServerException) as e:
+            client.infer(model, inputs, parameters={"dimensions": dimensions})
+        assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and words in e.value.message(), e.value
 
 
 def test_every_error_status(client, server):

@@ -9,8 +9,8 @@ use inferd_batcher::InferRequest;
 use inferd_core::text::Contract;
 use inferd_core::{DataType, ModelConfig, ModelMetadata, Tensor, TensorSpec};
 
-use super::text::{strings_of, TextFront};
-use super::{refused, Answer, Input, Prepared, Registration, Request, Service, Task, TaskError, TextInput, Texts};
+use super::text::{single_texts, TextFront};
+use super::{Answer, Prepared, Registration, Request, Service, Task, TaskError};
 
 pub(super) const REGISTRATION: Registration = Registration {
     service: Service::Embed,
@@ -67,16 +67,6 @@ impl EmbedTask {
         Ok(EmbedTask { front, public })
     }
 
-    /// The texts of a request on a tensor protocol: its one `BYTES` input, each element UTF-8.
-    fn texts_of(tensors: &[Tensor]) -> Result<TextInput, TaskError> {
-        match tensors {
-            [t] => Ok(TextInput::new(Texts::Strings(strings_of(t, TEXT_INPUT)?))),
-            _ => Err(TaskError::Invalid(format!("a text model takes one input, `{TEXT_INPUT}`"))),
-        }
-    }
-}
-
-impl EmbedTask {
     /// A request for each token's vector: every sequence's final states, cut back from its batch's padded length
     /// to its own.
     fn per_token(
@@ -150,14 +140,7 @@ impl Task for EmbedTask {
     }
 
     fn prepare(&self, request: Request, max_rows: usize) -> Result<Prepared, TaskError> {
-        let input = match request.input {
-            Input::Texts(input) => input,
-            Input::Tensors(tensors) => Self::texts_of(&tensors)?,
-            other => return Err(refused(REGISTRATION.service, &other)),
-        };
-        if matches!(input.texts, Texts::Pairs(_)) {
-            return Err(TaskError::Invalid("it embeds single texts: it takes no pairs of texts".into()));
-        }
+        let input = single_texts(request.input, REGISTRATION.service)?;
         let options = &request.options;
         let info = self.front.info();
         let full = info.dimensions;

@@ -6,6 +6,7 @@ use inferd_core::text::{Contract, TextInfo, ATTENTION_MASK, INPUT_IDS, TOKEN_TYP
 use inferd_core::{Pooling, Precision};
 
 use super::*;
+use crate::task::{Input, TextInput, Texts};
 
 const VOCAB: [&str; 8] = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "dynamic", "batching", "is", "fast"];
 

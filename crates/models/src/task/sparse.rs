@@ -9,9 +9,9 @@ use inferd_batcher::InferRequest;
 use inferd_core::text::Contract;
 use inferd_core::{DataType, ModelConfig, ModelMetadata, TensorSpec};
 
-use super::text::{strings_of, TextFront};
+use super::text::{single_texts, TextFront};
 use super::TEXT_INPUT;
-use super::{refused, Answer, Input, Prepared, Registration, Request, Service, Task, TaskError, TextInput, Texts};
+use super::{Answer, Prepared, Registration, Request, Service, Task, TaskError};
 
 pub(super) const REGISTRATION: Registration = Registration {
     service: Service::EmbedSparse,
@@ -62,17 +62,7 @@ impl Task for SparseTask {
     }
 
     fn prepare(&self, request: Request, max_rows: usize) -> Result<Prepared, TaskError> {
-        let input = match request.input {
-            Input::Texts(input) => input,
-            Input::Tensors(tensors) => match tensors.as_slice() {
-                [t] => TextInput::new(Texts::Strings(strings_of(t, TEXT_INPUT)?)),
-                _ => return Err(TaskError::Invalid(format!("a text model takes one input, `{TEXT_INPUT}`"))),
-            },
-            other => return Err(refused(REGISTRATION.service, &other)),
-        };
-        if matches!(input.texts, Texts::Pairs(_)) {
-            return Err(TaskError::Invalid("it embeds single texts: it takes no pairs of texts".into()));
-        }
+        let input = single_texts(request.input, REGISTRATION.service)?;
         let (sequences, tokens) = self.front.sequences(&input, max_rows, "embed")?;
         Ok(Prepared::new(
             InferRequest::sequences(sequences, Contract::SparseWeights).with_deadline(request.deadline),

@@ -6,7 +6,7 @@ use inferd_core::text::{TextInfo, ATTENTION_MASK, INPUT_IDS};
 use inferd_core::{ModelMetadata, Tensor};
 use tokenizers::{EncodeInput, Encoding, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
-use super::{TaskError, TextInput, Texts, Token};
+use super::{refused, Input, Service, TaskError, TextInput, Texts, Token, TEXT_INPUT};
 
 /// A text model's tokenizer and limits.
 pub struct TextFront {
@@ -279,6 +279,23 @@ impl TextFront {
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TaskError> {
         self.check_ids(ids, "ids")?;
         self.tokenizer.decode(ids, skip_special).map_err(|e| TaskError::Invalid(format!("cannot decode: {e}")))
+    }
+}
+
+/// The single texts of a request to a task of `service` (an embedder, a token classifier): as a text protocol sent
+/// them, or a tensor protocol's one `BYTES` input `text`; pairs of texts are refused, as is any other form.
+pub(super) fn single_texts(input: Input, service: Service) -> Result<TextInput, TaskError> {
+    let input = match input {
+        Input::Texts(input) => input,
+        Input::Tensors(tensors) => match tensors.as_slice() {
+            [t] => TextInput::new(Texts::Strings(strings_of(t, TEXT_INPUT)?)),
+            _ => return Err(TaskError::Invalid(format!("a text model takes one input, `{TEXT_INPUT}`"))),
+        },
+        other => return Err(refused(service, &other)),
+    };
+    match input.texts {
+        Texts::Pairs(_) => Err(TaskError::Invalid(format!("it {}: it takes single texts, not pairs", service.does()))),
+        _ => Ok(input),
     }
 }
 

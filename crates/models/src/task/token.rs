@@ -14,9 +14,9 @@ use inferd_core::text::Contract;
 use inferd_core::{DataType, ModelConfig, ModelMetadata, Tensor, TensorSpec};
 use tokenizers::{Decoder, Encoding, ModelWrapper};
 
-use super::text::{strings_of, TextFront};
+use super::text::{single_texts, TextFront};
 use super::TEXT_INPUT;
-use super::{refused, Answer, Input, Prepared, Registration, Request, Service, Task, TaskError, TextInput, Texts};
+use super::{Answer, Prepared, Registration, Request, Service, Task, TaskError, Texts};
 
 pub(super) const REGISTRATION: Registration = Registration {
     service: Service::TokenClassify,
@@ -180,14 +180,7 @@ impl Task for TokenTask {
     }
 
     fn prepare(&self, request: Request, max_rows: usize) -> Result<Prepared, TaskError> {
-        let input = match request.input {
-            Input::Texts(input) => input,
-            Input::Tensors(tensors) => match tensors.as_slice() {
-                [t] => TextInput::new(Texts::Strings(strings_of(t, TEXT_INPUT)?)),
-                _ => return Err(TaskError::Invalid(format!("a token classifier takes one input, `{TEXT_INPUT}`"))),
-            },
-            other => return Err(refused(REGISTRATION.service, &other)),
-        };
+        let input = single_texts(request.input, REGISTRATION.service)?;
         let Texts::Strings(texts) = &input.texts else {
             return Err(TaskError::Invalid("it classifies the tokens of single texts: send texts".into()));
         };
