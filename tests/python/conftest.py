@@ -2,6 +2,7 @@
 (MiniLM for /embed); `start_inferd` serves any other repository the same way."""
 
 import contextlib
+import json
 import os
 import pathlib
 import re
@@ -83,3 +84,14 @@ def start_inferd(models, *args, grpc=False):
 def server_url():
     with start_inferd(ROOT / "models", "--default-embed-model", "minilm") as address:
         yield address
+
+
+def post(url, body, headers=None, timeout=60):
+    """POSTs `body` as JSON; returns (status, the answer's JSON), an error status included."""
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json",
+                                                                       **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())

@@ -9,7 +9,6 @@ way each platform starts a container: only its environment says where to listen 
   `{"predictions": [...]}`, one per instance, in order.
 - `inferd healthcheck` (the images' HEALTHCHECK) asks the port the server picked from the same variables."""
 
-import json
 import os
 import subprocess
 import time
@@ -18,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, free_port
+from conftest import ROOT, free_port, post
 
 BINARY = os.environ.get("INFERD_BIN", str(ROOT / "target" / "debug" / "inferd"))
 LIB = ROOT / ".cache" / "onnxruntime" / "libonnxruntime.so.1.31.1"
@@ -40,11 +39,6 @@ def get(url):
     except urllib.error.HTTPError as e:
         return e.code, e.read()
 
-
-def post(url, body):
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as r:
-        return r.status, json.loads(r.read())
 
 
 def wait_ready(url):

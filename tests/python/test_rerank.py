@@ -5,10 +5,7 @@ candle) and the reranker's ONNX export (tests/data/models/reranker-onnx), all ma
 weights by models/make_text_heads.py."""
 
 import concurrent.futures
-import json
 import pathlib
-import urllib.error
-import urllib.request
 
 import cohere
 import numpy as np
@@ -19,7 +16,7 @@ from tei_client import HttpClient
 from tei_client.models import TruncationDirection
 from tokenizers import Tokenizer
 
-from conftest import ROOT, start_inferd
+from conftest import ROOT, post, start_inferd
 from reference import Reference, sigmoid, softmax
 
 MODELS = ROOT / "models"
@@ -45,15 +42,6 @@ def onnx_server():
     with start_inferd(ROOT / "tests" / "data" / "models" / "reranker-onnx") as address:
         yield address
 
-
-def post(url, body, headers=None):
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json",
-                                                                       **(headers or {})})
-    try:
-        with urllib.request.urlopen(request) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def tokenizer_of(folder):

@@ -14,8 +14,6 @@ import concurrent.futures
 import json
 import os
 import types
-import urllib.error
-import urllib.request
 import warnings
 
 import numpy as np
@@ -25,7 +23,7 @@ import tritonclient.http as httpclient
 from huggingface_hub import InferenceClient
 from tokenizers import Tokenizer
 
-from conftest import ROOT, start_inferd
+from conftest import ROOT, post, start_inferd
 from reference import Reference
 
 # transformers reads the tokenizer from the model's folder, never from a hub.
@@ -54,14 +52,6 @@ def server():
     with start_inferd(MODELS, "--default-embed-model", "minilm") as address:
         yield address
 
-
-def post(url, body):
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(request) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def encode(folder, texts):

@@ -5,10 +5,7 @@ The reference is all-MiniLM-L6-v2 in float64 numpy (tests/python/reference.py) f
 the same tokenizer.json (truncated at 256 tokens, unpadded), mean-pooled and normalised as sentence-transformers does."""
 
 import base64
-import json
 import pathlib
-import urllib.error
-import urllib.request
 
 import numpy as np
 import openai
@@ -16,6 +13,7 @@ import pytest
 import tritonclient.http as httpclient
 from tokenizers import Tokenizer
 
+from conftest import post
 from reference import Reference
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -63,14 +61,6 @@ def reference():
     vectors = np.stack([bert.embed(np.array(e.ids), np.array(e.type_ids)) for e in encodings])
     return vectors, [len(e.ids) for e in encodings]
 
-
-def post(url, body):
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(request) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def cosines(got, want):

@@ -29,18 +29,9 @@ pub enum Command {
 /// `inferd healthcheck`.
 #[derive(Debug, Clone, Args)]
 pub struct HealthcheckConfig {
-    /// The port the server listens on (on 127.0.0.1). [default: SAGEMAKER_BIND_TO_PORT, else AIP_HTTP_PORT, else
-    /// 8080, as `inferd serve` picks it]
-    #[arg(long, env = "INFERD_PORT")]
-    pub port: Option<u16>,
-
-    /// SageMaker's port for its containers; used when --port is not given.
-    #[arg(long, env = "SAGEMAKER_BIND_TO_PORT", value_name = "PORT")]
-    pub sagemaker_bind_to_port: Option<u16>,
-
-    /// Vertex AI's port for its containers; used when neither --port nor SAGEMAKER_BIND_TO_PORT is given.
-    #[arg(long, env = "AIP_HTTP_PORT", value_name = "PORT")]
-    pub aip_http_port: Option<u16>,
+    /// The port the server listens on (on 127.0.0.1), found as `inferd serve` finds it.
+    #[command(flatten)]
+    pub port: Port,
 
     /// The route to ask; 200 means healthy.
     #[arg(long, default_value = "/health/ready")]
@@ -73,19 +64,9 @@ pub struct ServeConfig {
     #[arg(long, env = "INFERD_HOST", default_value = "0.0.0.0")]
     pub host: IpAddr,
 
-    /// Port to listen on (0 picks a free one; the log says which). [default: SAGEMAKER_BIND_TO_PORT, else
-    /// AIP_HTTP_PORT, else 8080]
-    #[arg(long, env = "INFERD_PORT")]
-    pub port: Option<u16>,
-
-    /// The port SageMaker tells its containers to listen on; used when --port is not given.
-    #[arg(long, env = "SAGEMAKER_BIND_TO_PORT", value_name = "PORT")]
-    pub sagemaker_bind_to_port: Option<u16>,
-
-    /// The port Vertex AI tells its containers to listen on; used when neither --port nor SAGEMAKER_BIND_TO_PORT
-    /// is given.
-    #[arg(long, env = "AIP_HTTP_PORT", value_name = "PORT")]
-    pub aip_http_port: Option<u16>,
+    /// The port to listen on.
+    #[command(flatten)]
+    pub port: Port,
 
     /// Vertex AI's prediction route: served as `POST /vertex` is ({"instances": [...]} → {"predictions": [...]}).
     #[arg(long, env = "AIP_PREDICT_ROUTE", value_name = "PATH", value_parser = parse_route)]
@@ -303,10 +284,28 @@ fn seconds(value: f64, otherwise: Duration) -> Duration {
     Duration::try_from_secs_f64(value).unwrap_or(otherwise)
 }
 
-impl HealthcheckConfig {
-    /// The port to ask, as `inferd serve` picks its own: --port, else SAGEMAKER_BIND_TO_PORT, else AIP_HTTP_PORT, else
-    /// 8080.
-    pub fn port(&self) -> u16 {
+/// The server's HTTP port, as `inferd serve` listens on it and `inferd healthcheck` asks it: the platforms that host
+/// containers name it in their own variables.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct Port {
+    /// The HTTP port (`serve`: 0 picks a free one; the log says which). [default: SAGEMAKER_BIND_TO_PORT, else
+    /// AIP_HTTP_PORT, else 8080]
+    #[arg(long, env = "INFERD_PORT")]
+    pub port: Option<u16>,
+
+    /// The port SageMaker tells its containers to listen on; used when --port is not given.
+    #[arg(long, env = "SAGEMAKER_BIND_TO_PORT", value_name = "PORT")]
+    pub sagemaker_bind_to_port: Option<u16>,
+
+    /// The port Vertex AI tells its containers to listen on; used when neither --port nor SAGEMAKER_BIND_TO_PORT
+    /// is given.
+    #[arg(long, env = "AIP_HTTP_PORT", value_name = "PORT")]
+    pub aip_http_port: Option<u16>,
+}
+
+impl Port {
+    /// --port, else SAGEMAKER_BIND_TO_PORT, else AIP_HTTP_PORT, else 8080.
+    pub fn get(self) -> u16 {
         self.port.or(self.sagemaker_bind_to_port).or(self.aip_http_port).unwrap_or(8080)
     }
 }
@@ -326,11 +325,6 @@ fn parse_route(value: &str) -> Result<String, String> {
 }
 
 impl ServeConfig {
-    /// The port to listen on: --port, else SAGEMAKER_BIND_TO_PORT, else AIP_HTTP_PORT, else 8080.
-    pub fn listen_port(&self) -> u16 {
-        self.port.or(self.sagemaker_bind_to_port).or(self.aip_http_port).unwrap_or(8080)
-    }
-
     /// The repository folder: --models, else AZUREML_MODEL_DIR, else MODEL_PATH, else `models`.
     pub fn repository(&self) -> PathBuf {
         self.models

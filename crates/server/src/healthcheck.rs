@@ -12,9 +12,9 @@ pub async fn healthcheck(config: &HealthcheckConfig) -> anyhow::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let timeout = Duration::try_from_secs_f64(config.timeout).unwrap_or(Duration::from_secs(3));
     let ask = async {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", config.port()))
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", config.port.get()))
             .await
-            .with_context(|| format!("nothing answers on 127.0.0.1:{}", config.port()))?;
+            .with_context(|| format!("nothing answers on 127.0.0.1:{}", config.port.get()))?;
         let request = format!("GET {} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", config.path);
         stream.write_all(request.as_bytes()).await?;
         let mut answer = Vec::new();
@@ -23,7 +23,7 @@ pub async fn healthcheck(config: &HealthcheckConfig) -> anyhow::Result<()> {
     };
     let answer = tokio::time::timeout(timeout, ask)
         .await
-        .map_err(|_| anyhow::anyhow!("no answer from 127.0.0.1:{} within {timeout:?}", config.port()))??;
+        .map_err(|_| anyhow::anyhow!("no answer from 127.0.0.1:{} within {timeout:?}", config.port.get()))??;
     let text = String::from_utf8_lossy(&answer);
     let status = text.split_whitespace().nth(1).unwrap_or("none");
     if status == "200" {

@@ -244,7 +244,7 @@ async fn stop_batchers(models: Vec<Arc<ModelEntry>>) {
 
 /// Binds `--host:--port` (and `--grpc-port` unless 0) and serves until `shutdown` resolves.
 pub async fn run(config: ServeConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-    let addr = std::net::SocketAddr::new(config.host, config.listen_port());
+    let addr = std::net::SocketAddr::new(config.host, config.port.get());
     let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
     let grpc = match config.grpc_port {
         0 => None,

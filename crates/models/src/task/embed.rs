@@ -9,7 +9,7 @@ use inferd_batcher::InferRequest;
 use inferd_core::text::Contract;
 use inferd_core::{DataType, ModelConfig, ModelMetadata, Tensor, TensorSpec};
 
-use super::text::{single_texts, TextFront};
+use super::text::{single_texts, text_face, TextFront};
 use super::{Answer, Prepared, Registration, Request, Service, Task, TaskError};
 
 pub(super) const REGISTRATION: Registration = Registration {
@@ -55,15 +55,12 @@ impl EmbedTask {
     /// Loads the tokenizer a text engine's metadata names. Blocking.
     pub fn load(engine: &ModelMetadata) -> anyhow::Result<EmbedTask> {
         let front = TextFront::load(engine)?;
-        let public = ModelMetadata {
-            inputs: vec![TensorSpec { name: TEXT_INPUT.into(), datatype: DataType::Bytes, shape: vec![-1] }],
-            outputs: vec![TensorSpec {
-                name: EMBEDDING_OUTPUT.into(),
-                datatype: DataType::Fp32,
-                shape: vec![-1, front.info().dimensions as i64],
-            }],
-            ..engine.clone()
+        let embedding = TensorSpec {
+            name: EMBEDDING_OUTPUT.into(),
+            datatype: DataType::Fp32,
+            shape: vec![-1, front.info().dimensions as i64],
         };
+        let public = text_face(engine, vec![embedding]);
         Ok(EmbedTask { front, public })
     }
 

@@ -9,8 +9,7 @@ use inferd_batcher::InferRequest;
 use inferd_core::text::Contract;
 use inferd_core::{DataType, ModelConfig, ModelMetadata, TensorSpec};
 
-use super::text::{single_texts, TextFront};
-use super::TEXT_INPUT;
+use super::text::{single_texts, text_face, TextFront};
 use super::{Answer, Prepared, Registration, Request, Service, Task, TaskError};
 
 pub(super) const REGISTRATION: Registration = Registration {
@@ -39,11 +38,8 @@ impl SparseTask {
     pub fn load(engine: &ModelMetadata) -> anyhow::Result<SparseTask> {
         let front = TextFront::load(engine)?;
         let vocab = front.info().width(Contract::SparseWeights).map_or(-1, |v| v as i64);
-        let public = ModelMetadata {
-            inputs: vec![TensorSpec { name: TEXT_INPUT.into(), datatype: DataType::Bytes, shape: vec![-1] }],
-            outputs: vec![TensorSpec { name: SPARSE_OUTPUT.into(), datatype: DataType::Fp32, shape: vec![-1, vocab] }],
-            ..engine.clone()
-        };
+        let weights = TensorSpec { name: SPARSE_OUTPUT.into(), datatype: DataType::Fp32, shape: vec![-1, vocab] };
+        let public = text_face(engine, vec![weights]);
         Ok(SparseTask { front, public })
     }
 }

@@ -3,7 +3,7 @@
 //! tokenizer's own services (`/tokenize`, `/decode`). Tokenizing is CPU work: callers run it off the async runtime.
 
 use inferd_core::text::{TextInfo, ATTENTION_MASK, INPUT_IDS};
-use inferd_core::{ModelMetadata, Tensor};
+use inferd_core::{DataType, ModelMetadata, Tensor, TensorSpec};
 use tokenizers::{EncodeInput, Encoding, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
 use super::{refused, Input, Service, TaskError, TextInput, Texts, Token, TEXT_INPUT};
@@ -78,15 +78,7 @@ impl TextFront {
         max_rows: usize,
         what: &str,
     ) -> Result<(Vec<Vec<Tensor>>, usize), TaskError> {
-        let count = input.texts.len();
-        if count == 0 {
-            return Err(TaskError::Invalid(format!("no texts to {what}: the input is empty")));
-        }
-        if count > max_rows {
-            return Err(TaskError::OverLimit(format!(
-                "the request has {count} texts; this server takes at most {max_rows} per request (--max-rows)"
-            )));
-        }
+        let count = counted(input, max_rows, what)?;
         let mut sequences = Vec::with_capacity(count);
         let mut tokens = 0usize;
         let mut push = |ids: &[u32], types: &[u32]| -> Result<(), TaskError> {
@@ -134,15 +126,7 @@ impl TextFront {
         what: &str,
         offsets: bool,
     ) -> Result<Vec<Encoding>, TaskError> {
-        let count = input.texts.len();
-        if count == 0 {
-            return Err(TaskError::Invalid(format!("no texts to {what}: the input is empty")));
-        }
-        if count > max_rows {
-            return Err(TaskError::OverLimit(format!(
-                "the request has {count} texts; this server takes at most {max_rows} per request (--max-rows)"
-            )));
-        }
+        counted(input, max_rows, what)?;
         match &input.texts {
             Texts::Strings(texts) => texts
                 .iter()
@@ -280,6 +264,24 @@ impl TextFront {
         self.check_ids(ids, "ids")?;
         self.tokenizer.decode(ids, skip_special).map_err(|e| TaskError::Invalid(format!("cannot decode: {e}")))
     }
+}
+
+/// How many texts `input` holds, or why they are too few (none) or too many (past `max_rows`).
+fn counted(input: &TextInput, max_rows: usize, what: &str) -> Result<usize, TaskError> {
+    match input.texts.len() {
+        0 => Err(TaskError::Invalid(format!("no texts to {what}: the input is empty"))),
+        count if count > max_rows => Err(TaskError::OverLimit(format!(
+            "the request has {count} texts; this server takes at most {max_rows} per request (--max-rows)"
+        ))),
+        count => Ok(count),
+    }
+}
+
+/// What a text model shows the tensor protocols, its engine being `engine`: one `BYTES` input of texts, `text`, and
+/// the task's own `outputs`.
+pub(super) fn text_face(engine: &ModelMetadata, outputs: Vec<TensorSpec>) -> ModelMetadata {
+    let text = TensorSpec { name: TEXT_INPUT.into(), datatype: DataType::Bytes, shape: vec![-1] };
+    ModelMetadata { inputs: vec![text], outputs, ..engine.clone() }
 }
 
 /// The single texts of a request to a task of `service` (an embedder, a token classifier): as a text protocol sent

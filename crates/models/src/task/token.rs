@@ -3,7 +3,8 @@
 //! `TokenClassificationPipeline` makes them (the Hugging Face Inference API's answer): each token with its best label
 //! (`none`), runs of tokens of one label grouped (`simple`), or tokens first merged into words whose label comes
 //! from their first token, their average or their most certain token (`first`, `average`, `max`), then grouped.
-//! Labels in `ignore_labels` (default `O`) are left out. On the tensor protocols it takes `text` (`BYTES`) and gives
+//! Labels in `ignore_labels` (default `O`) are left out. Entities are made where a request asks for them with an
+//! [`Aggregation`] (its answer's payload, `Vec<Vec<Entity>>`). On the tensor protocols it takes `text` (`BYTES`) and gives
 //! each token's probabilities, `token_scores` (`FP32 [texts, tokens, labels]`, zero past a text's own tokens), and
 //! `token_count` (`INT64 [texts]`).
 
@@ -14,8 +15,7 @@ use inferd_core::text::Contract;
 use inferd_core::{DataType, ModelConfig, ModelMetadata, Tensor, TensorSpec};
 use tokenizers::{Decoder, Encoding, ModelWrapper};
 
-use super::text::{single_texts, TextFront};
-use super::TEXT_INPUT;
+use super::text::{single_texts, text_face, TextFront};
 use super::{Answer, Prepared, Registration, Request, Service, Task, TaskError, Texts};
 
 pub(super) const REGISTRATION: Registration = Registration {
@@ -29,7 +29,8 @@ pub const TOKEN_SCORES_OUTPUT: &str = "token_scores";
 /// Each text's count of tokens on the tensor protocols (special tokens included): `INT64 [texts]`.
 pub const TOKEN_COUNT_OUTPUT: &str = "token_count";
 
-/// How tokens become entities, as transformers' pipeline names its strategies.
+/// How tokens become entities, as transformers' pipeline names its strategies; a request with one is answered its
+/// entities. The Inference API's default is `simple`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Aggregation {
     /// Every token with its best label (`entity`) and its position (`index`).
@@ -154,14 +155,13 @@ impl TokenTask {
             decode: Arc::new(decode),
         };
         let labels = front.info().labels.len() as i64;
-        let public = ModelMetadata {
-            inputs: vec![TensorSpec { name: TEXT_INPUT.into(), datatype: DataType::Bytes, shape: vec![-1] }],
-            outputs: vec![
+        let public = text_face(
+            engine,
+            vec![
                 TensorSpec { name: TOKEN_SCORES_OUTPUT.into(), datatype: DataType::Fp32, shape: vec![-1, -1, labels] },
                 TensorSpec { name: TOKEN_COUNT_OUTPUT.into(), datatype: DataType::Int64, shape: vec![-1] },
             ],
-            ..engine.clone()
-        };
+        );
         Ok(TokenTask { front, words, public })
     }
 }
@@ -184,10 +184,12 @@ impl Task for TokenTask {
         let Texts::Strings(texts) = &input.texts else {
             return Err(TaskError::Invalid("it classifies the tokens of single texts: send texts".into()));
         };
-        let encodings = self.front.encodings(&input, max_rows, "classify", true)?;
+        // Entities are made where the request asks for them (its protocol answers them), and only then are the
+        // tokens' spans in the text worked out.
+        let strategy = request.options.get::<Aggregation>().copied();
+        let encodings = self.front.encodings(&input, max_rows, "classify", strategy.is_some())?;
         let sequences = encodings.iter().map(|e| self.front.sequence_of(e)).collect::<Result<Vec<_>, _>>()?;
         let tokens = encodings.iter().map(|e| e.get_ids().len()).sum();
-        let strategy = request.options.get::<Aggregation>().copied().unwrap_or_default();
         let ignore = request.options.get::<IgnoreLabels>().map_or_else(|| vec!["O".to_owned()], |i| i.0.clone());
         let labels = self.front.info().labels.clone();
         let (texts, words) = (texts.clone(), self.words.clone());
@@ -203,11 +205,14 @@ impl Task for TokenTask {
                 let mut entities = Vec::with_capacity(texts.len());
                 for ((logits, encoding), text) in logits.iter().zip(&encodings).zip(&texts) {
                     let scores = softmax_rows(logits, encoding.get_ids().len(), labels.len())?;
-                    let tokens = Tokens::of(encoding, text, &scores, labels.len());
-                    entities.push(tokens.entities(&words, &labels, strategy, &ignore));
+                    if let Some(strategy) = strategy {
+                        let tokens = Tokens::of(encoding, text, &scores, labels.len());
+                        entities.push(tokens.entities(&words, &labels, strategy, &ignore));
+                    }
                     probabilities.push(scores);
                 }
-                Ok(Answer::tensors(padded(&probabilities, labels.len())?, tokens).with_payload(entities))
+                let answer = Answer::tensors(padded(&probabilities, labels.len())?, tokens);
+                Ok(if strategy.is_some() { answer.with_payload(entities) } else { answer })
             }),
         ))
     }

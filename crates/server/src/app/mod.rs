@@ -33,14 +33,15 @@ pub fn api(state: &AppState) -> (Router<AppState>, utoipa::openapi::OpenApi) {
     let model = |from| Guard { model: Some(from), ..keyed };
     let infer = |protocol, from| Guard { protocol: Some(protocol), ..model(from) };
     let metrics = Guard { protected: state.protect_metrics(), ..open };
-    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+    let default_predict = infer(Protocol::Predict, ModelFrom::Default);
+    let (routes, api) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(guarded(health::probe_routes().merge(v2::probe_routes()), open))
         .merge(guarded(health::metrics_routes(), metrics))
         .merge(guarded(v2::routes().merge(openai::routes()), keyed))
         .merge(guarded(v2::model_routes(), model(ModelFrom::Path)))
         .merge(guarded(
             dispatch::default_route().merge(dispatch::invocations_route()).merge(dispatch::vertex_routes()),
-            infer(Protocol::Predict, ModelFrom::Default),
+            default_predict,
         ))
         .merge(guarded(dispatch::named_route(), infer(Protocol::Predict, ModelFrom::Path)))
         .merge(guarded(v2::inference_routes(), infer(Protocol::V2, ModelFrom::Path)))
@@ -50,7 +51,9 @@ pub fn api(state: &AppState) -> (Router<AppState>, utoipa::openapi::OpenApi) {
             openai::inference_routes(),
             Guard { protocol: Some(Protocol::OpenAi), refuse: openai::failure, ..keyed },
         ))
-        .split_for_parts()
+        .split_for_parts();
+    let routes = routes.merge(vertex_aliases(state, &api, default_predict));
+    (routes, api)
 }
 
 /// TEI's routes, each serving its task's default model and, under `/models/{model}/…`, the named one.
@@ -81,19 +84,13 @@ fn tei_routes(
 }
 
 /// Vertex AI's routes where its environment names them: its prediction route served as `/vertex` (behind the same
-/// checkpoint), its health route as readiness. A path the API already serves (`/health`, say) stays as it is.
-fn vertex_aliases(state: &AppState, api: &utoipa::openapi::OpenApi) -> Router<AppState> {
+/// checkpoint, `guard`), its health route as readiness. A path the API already serves (`/health`, say) stays as it is.
+fn vertex_aliases(state: &AppState, api: &utoipa::openapi::OpenApi, guard: Guard) -> Router<AppState> {
     let mut routes = Router::new();
     let ours = |path: &&str| !api.paths.paths.contains_key(*path);
     let (predict, health) = state.vertex_routes();
     let (predict, health) = (predict.filter(ours), health.filter(ours).filter(|h| Some(*h) != predict));
     if let Some(path) = predict {
-        let guard = Guard {
-            protected: true,
-            model: Some(ModelFrom::Default),
-            protocol: Some(Protocol::Predict),
-            ..Guard::OPEN
-        };
         let checkpoint = Checkpoint { state: state.clone(), guard };
         routes = routes.route(
             path,
@@ -112,7 +109,6 @@ pub fn app(state: AppState) -> Router {
     let max_body = state.max_body_bytes();
     let (routes, api) = api(&state);
     let routes = routes
-        .merge(vertex_aliases(&state, &api))
         .merge(utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api))
         .fallback(|| async { AppError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {

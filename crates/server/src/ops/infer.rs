@@ -39,8 +39,6 @@ pub struct Served {
     pub total_time: Duration,
     /// A text request's characters, all its texts together.
     pub characters: usize,
-    /// Whether the model ran on a GPU.
-    pub on_gpu: bool,
 }
 
 impl Served {
@@ -92,14 +90,6 @@ pub async fn infer(
         request.reserve = Some(Arc::new(move |bytes| hold.take(bytes).map_err(AppError::into_task_error)));
     }
     let started = Instant::now();
-    let characters = match &request.input {
-        Input::Texts(input) => match &input.texts {
-            Texts::Strings(texts) => texts.iter().map(|t| t.chars().count()).sum(),
-            Texts::Pairs(pairs) => pairs.iter().map(|(a, b)| a.chars().count() + b.chars().count()).sum(),
-            Texts::Ids(_) => 0,
-        },
-        _ => 0,
-    };
     let max_rows = state.limits().max_rows;
     let allow_non_finite = state.allow_non_finite();
     let large = matches!(&request.input, Input::Tensors(t) if tensor_bytes(t.iter()) > INLINE_WORK_BYTES);
@@ -117,10 +107,13 @@ pub async fn infer(
         if let (false, Input::Tensors(inputs)) = (allow_non_finite, &request.input) {
             refuse_non_finite(inputs, &task.metadata().inputs, "input").map_err(TaskError::Invalid)?;
         }
-        Ok(task.prepare(request, max_rows)?)
+        // Counted here, where a large request's texts are read off the runtime anyway.
+        let characters = characters(&request.input);
+        Ok((task.prepare(request, max_rows)?, characters))
     })
     .await?
     .map_err(|e| e.in_model(model.name()))?;
+    let (prepared, characters) = prepared;
     let prepare_time = started.elapsed();
     for &(stage, took) in &prepared.stages {
         state.metrics().prepare_stage(model.name(), stage, took);
@@ -166,8 +159,19 @@ pub async fn infer(
         compute_time: out.compute_time,
         total_time: started.elapsed(),
         characters,
-        on_gpu: model.engine_metadata().on_gpu(),
     })
+}
+
+/// The characters of a text request's texts, all together; 0 for other input.
+fn characters(input: &Input) -> usize {
+    match input {
+        Input::Texts(input) => match &input.texts {
+            Texts::Strings(texts) => texts.iter().map(|t| t.chars().count()).sum(),
+            Texts::Pairs(pairs) => pairs.iter().map(|(a, b)| a.chars().count() + b.chars().count()).sum(),
+            Texts::Ids(_) => 0,
+        },
+        _ => 0,
+    }
 }
 
 /// Triton's classification extension: each output `(index, k)` of `asked` in `tensors` (the model's outputs, in

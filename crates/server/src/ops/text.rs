@@ -48,8 +48,8 @@ pub fn ranked(tensors: &[Tensor]) -> Result<Vec<(usize, f32)>, CodecError> {
 
 /// TEI's timing headers of a text answer, in whole milliseconds as TEI writes them: `x-compute-time` (tokenizing,
 /// queue and inference), `x-tokenization-time`, `x-queue-time`, `x-inference-time`, with `x-compute-tokens` and
-/// `x-compute-characters`.
-pub fn timing_headers(served: &Served) -> HeaderMap {
+/// `x-compute-characters`; `x-compute-type` says where `model` ran.
+pub fn timing_headers(served: &Served, model: &LoadedModel) -> HeaderMap {
     let ms = |d: std::time::Duration| d.as_millis() as u64;
     let mut headers = HeaderMap::new();
     for (name, value) in [
@@ -64,7 +64,7 @@ pub fn timing_headers(served: &Served) -> HeaderMap {
     ] {
         let value = match value {
             Some(v) => HeaderValue::from(v),
-            None => HeaderValue::from_static(if served.on_gpu { "gpu" } else { "cpu" }),
+            None => HeaderValue::from_static(if model.engine_metadata().on_gpu() { "gpu" } else { "cpu" }),
         };
         headers.insert(name, value);
     }

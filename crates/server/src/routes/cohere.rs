@@ -160,7 +160,7 @@ async fn rerank(
         let infer_request = Request::new(Input::Texts(TextInput::new(pairs)));
         let served = infer(&state, &model, infer_request, &hold).await?;
         let mut headers = served.headers();
-        headers.extend(timing_headers(&served));
+        headers.extend(timing_headers(&served, &model));
         let name = model.name().to_owned();
         let body = encode(served, move |served| {
             let documents = request.return_documents.unwrap_or(false).then_some(request.documents);

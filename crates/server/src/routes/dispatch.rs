@@ -88,25 +88,15 @@ twin_routes! {
     security(("api_key" = []))
 }
 
-/// Serve the default model as its own route would: SageMaker's container contract.
+/// Serve the default model as its own route would (a text model's body as TEI's `POST /` serves it, any other's as
+/// `/predict`): SageMaker's container contract.
 #[utoipa::path(
     post, path = "/invocations", tag = "inference",
     request_body(content = Object, description = "As the default model's own route takes it: TEI's `/embed`, `/embed_sparse`, `/rerank` or `/predict` body for a text model (its `POST /`), the seed's `/predict` body or pictures otherwise."),
     responses((status = 200, description = "As the model's own route answers"), SharedErrors),
     security(("api_key" = []))
 )]
-async fn invocations(
-    state: State<AppState>,
-    model: Result<RoutedModel, AppError>,
-    hold: InflightHold,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    invoke(state, model, hold, headers, body).await
-}
-
-/// Serves `body` as the model's own route would: a text model's as TEI's `POST /` does, any other's as `/predict`.
-pub(crate) async fn invoke(
+pub(crate) async fn invocations(
     state: State<AppState>,
     model: Result<RoutedModel, AppError>,
     hold: InflightHold,
@@ -195,7 +185,7 @@ pub(crate) async fn vertex(
         };
         let answers = request.instances.into_iter().map(|instance| {
             let body = Bytes::from(instance.get().to_owned());
-            invoke(state.clone(), model.clone(), hold.clone(), json(), Ok(body))
+            invocations(state.clone(), model.clone(), hold.clone(), json(), Ok(body))
         });
         let mut predictions = Vec::new();
         for (i, response) in futures_util::future::join_all(answers).await.into_iter().enumerate() {

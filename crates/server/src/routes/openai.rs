@@ -132,32 +132,16 @@ impl IntoResponse for OpenAiFailure {
     }
 }
 
-/// Embed texts (OpenAI-compatible).
-#[utoipa::path(post, path = "/v1/embeddings", tag = "embeddings", request_body = EmbeddingsRequest,
+twin_routes! {
+    post embed, (state: State<AppState>, hold: InflightHold, body: Result<Bytes, BytesRejection>)
+        -> Result<Response, OpenAiFailure>;
+    "Embed texts (OpenAI-compatible)." embeddings at "/v1/embeddings" ();
+    "Embed texts (OpenAI-compatible), at the path TEI also serves it." embeddings_unversioned at "/embeddings" ();
+    tag = "embeddings", request_body = EmbeddingsRequest,
     responses((status = 200, body = EmbeddingsResponse),
-        (status = 400, body = OpenAiError), (status = 401, body = OpenAiError), (status = 404, body = OpenAiError), (status = 413, body = OpenAiError),
-        (status = 429, body = OpenAiError), (status = 503, body = OpenAiError)),
-    security(("api_key" = [])))]
-async fn embeddings(
-    state: State<AppState>,
-    hold: InflightHold,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, OpenAiFailure> {
-    embed(state, hold, body).await
-}
-
-/// Embed texts (OpenAI-compatible), at the path TEI also serves it.
-#[utoipa::path(post, path = "/embeddings", tag = "embeddings", request_body = EmbeddingsRequest,
-    responses((status = 200, body = EmbeddingsResponse),
-        (status = 400, body = OpenAiError), (status = 401, body = OpenAiError), (status = 404, body = OpenAiError), (status = 413, body = OpenAiError),
-        (status = 429, body = OpenAiError), (status = 503, body = OpenAiError)),
-    security(("api_key" = [])))]
-async fn embeddings_unversioned(
-    state: State<AppState>,
-    hold: InflightHold,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, OpenAiFailure> {
-    embed(state, hold, body).await
+        (status = 400, body = OpenAiError), (status = 401, body = OpenAiError), (status = 404, body = OpenAiError),
+        (status = 413, body = OpenAiError), (status = 429, body = OpenAiError), (status = 503, body = OpenAiError)),
+    security(("api_key" = []))
 }
 
 async fn embed(
@@ -198,7 +182,7 @@ async fn embed(
         }
         let served = infer(&state, &model, infer_request, &hold).await?;
         let mut headers = served.headers();
-        headers.extend(timing_headers(&served));
+        headers.extend(timing_headers(&served, &model));
         let body = encode(served, move |served| encode_embeddings(model.name(), &served.answer, encoding)).await?;
         Ok((headers, [(header::CONTENT_TYPE, "application/json")], body).into_response())
     };

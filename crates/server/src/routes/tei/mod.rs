@@ -4,43 +4,28 @@
 //! in [`tokens`]; `/info` and `POST /` in [`info`]. Each route serves its task's default model, and
 //! the same under `/models/{model}/…` serves the named one. Errors come as `{"error", "error_type"}`.
 
-/// One of TEI's inference routes, twice: `$default` at `$path` serves its task's default model, `$named` at
-/// `$named_path` the named one. Both run `$serve(state, model, hold, body)` and are documented alike in the OpenAPI
-/// document, the named one with its `model` parameter.
+/// One of TEI's inference routes, twice (through [`twin_routes!`]): `$default` at `$path` serves its task's default
+/// model, `$named` at `$named_path` the named one. Both run `$serve(state, model, hold, body)` and are documented
+/// alike in the OpenAPI document, the named one with its `model` parameter.
 macro_rules! tei_routes {
     (
         $default:ident at $path:tt, $named:ident at $named_path:tt => $serve:path;
         docs $default_doc:tt $named_doc:tt; tag $tag:tt; body $request:ident; answer $description:tt $($answer:tt)+
     ) => {
-        #[doc = $default_doc]
-        #[utoipa::path(post, path = $path, tag = $tag, request_body = $request,
+        twin_routes! {
+            post $serve, (
+                state: axum::extract::State<crate::state::AppState>,
+                model: Result<crate::request::RoutedModel, crate::error::AppError>,
+                hold: crate::request::InflightHold,
+                body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+            ) -> Result<axum::response::Response, TeiFailure>;
+            $default_doc $default at $path ();
+            $named_doc $named at $named_path (("model" = String, Path, description = "The model"));
+            tag = $tag, request_body = $request,
             responses((status = 200, description = $description, body = $($answer)+),
                 (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 404, body = TeiError),
                 (status = 413, body = TeiError), (status = 429, body = TeiError), (status = 503, body = TeiError)),
-            security(("api_key" = [])))]
-        async fn $default(
-            state: axum::extract::State<crate::state::AppState>,
-            model: Result<crate::request::RoutedModel, crate::error::AppError>,
-            hold: crate::request::InflightHold,
-            body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
-        ) -> Result<axum::response::Response, TeiFailure> {
-            $serve(state, model, hold, body).await
-        }
-
-        #[doc = $named_doc]
-        #[utoipa::path(post, path = $named_path, tag = $tag, request_body = $request,
-            params(("model" = String, Path, description = "The model")),
-            responses((status = 200, description = $description, body = $($answer)+),
-                (status = 400, body = TeiError), (status = 401, body = TeiError), (status = 404, body = TeiError),
-                (status = 413, body = TeiError), (status = 429, body = TeiError), (status = 503, body = TeiError)),
-            security(("api_key" = [])))]
-        async fn $named(
-            state: axum::extract::State<crate::state::AppState>,
-            model: Result<crate::request::RoutedModel, crate::error::AppError>,
-            hold: crate::request::InflightHold,
-            body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
-        ) -> Result<axum::response::Response, TeiFailure> {
-            $serve(state, model, hold, body).await
+            security(("api_key" = []))
         }
     };
 }
@@ -167,7 +152,7 @@ where
     .await?;
     let served = infer(state, model, request, hold).await?;
     let mut headers = served.headers();
-    headers.extend(timing_headers(&served));
+    headers.extend(timing_headers(&served, model));
     let body = encode(served, move |served| answer(served, context)).await?;
     Ok((headers, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
 }
