@@ -14,11 +14,14 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Device, Module, Tensor, D};
+use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use candle_transformers::models::bert::{BertEncoder, Config, HiddenAct};
 use inferd_core::text::{is_roberta, Contract};
 use inferd_core::{Error, Pooling, Result};
+
+use crate::batch::Batch;
+use crate::transformer::{Dims, TextModel};
 
 /// A loaded encoder and the heads it was asked for.
 pub(crate) struct Bert {
@@ -38,8 +41,6 @@ pub(crate) struct Bert {
     mlm_head: Option<MlmHead>,
     /// The first position's index: 0 in BERT, `pad_token_id + 1` in RoBERTa's family.
     first_position: u32,
-    /// The dtype's lowest finite value: what a padded position adds to its attention scores.
-    mask_value: f64,
     pub(crate) config: Config,
 }
 
@@ -242,18 +243,31 @@ impl Bert {
             token_head,
             mlm_head,
             first_position: if family == Family::Roberta { c.pad_token_id as u32 + 1 } else { 0 },
-            mask_value: lowest(dtype),
             config,
         })
     }
 
-    /// What it computes, in the order it was asked.
-    pub(crate) fn contracts(&self) -> &[Contract] {
+    /// The encoder's last hidden state `[rows, seq, hidden]` in the model's dtype.
+    fn encode(&self, batch: &Batch) -> candle_core::Result<Tensor> {
+        let first = self.first_position;
+        let words = self.words.forward(&batch.ids)?;
+        let words = match &self.token_types {
+            Some(token_types) => (words + token_types.forward(&batch.types)?)?,
+            None => words,
+        };
+        let embedded = (words + self.positions.forward(&batch.positions(first, first)?)?)?;
+        let embedded = self.norm.forward(&embedded)?;
+        self.encoder.forward(&embedded, &batch.key_mask(embedded.dtype())?)
+    }
+
+}
+
+impl TextModel for Bert {
+    fn contracts(&self) -> &[Contract] {
         &self.contracts
     }
 
-    /// The labels of its classification head, if it has one: the head's last layer's outputs.
-    pub(crate) fn head_labels(&self) -> Option<usize> {
+    fn head_labels(&self) -> Option<usize> {
         let last = match (&self.sequence_head, &self.token_head) {
             (Some(SequenceHead::Bert { classifier: last, .. }), _)
             | (Some(SequenceHead::Roberta { out_proj: last, .. }), _)
@@ -264,30 +278,18 @@ impl Bert {
         last.weight().dim(0).ok()
     }
 
-    /// Runs `[rows, seq]` token ids (I64) with their attention mask and segment ids into `contract`'s F32 output.
-    pub(crate) fn run(
-        &self,
-        contract: Contract,
-        ids: &Tensor,
-        mask: &Tensor,
-        types: &Tensor,
-    ) -> candle_core::Result<Tensor> {
-        let mask = mask.to_dtype(DType::F32)?;
-        let hidden = self.encode(ids, &mask, types)?;
+    fn dims(&self) -> Dims {
+        // A model with one token type takes none from the tokenizer (RoBERTa's marks a pair's second text).
+        Dims { hidden: self.config.hidden_size, vocab: self.config.vocab_size, token_types: self.config.type_vocab_size }
+    }
+
+    fn run(&self, contract: Contract, batch: &Batch) -> candle_core::Result<Tensor> {
+        let hidden = self.encode(batch)?;
         let first_token = || hidden.narrow(1, 0, 1)?.squeeze(1);
         let missing = || candle_core::Error::Msg(format!("this model has no head for {}", contract.as_str()));
         match contract {
             Contract::TokenStates => hidden.to_dtype(DType::F32),
-            Contract::Pooled => match self.pooling {
-                Pooling::Cls => first_token()?.to_dtype(DType::F32),
-                Pooling::Mean => {
-                    let hidden = hidden.to_dtype(DType::F32)?;
-                    let weights = mask.unsqueeze(D::Minus1)?;
-                    let sums = hidden.broadcast_mul(&weights)?.sum(1)?;
-                    let counts = mask.sum_keepdim(1)?.clamp(1f32, f32::MAX)?;
-                    sums.broadcast_div(&counts)
-                }
-            },
+            Contract::Pooled => crate::pool::pooled(&hidden, batch, self.pooling),
             Contract::SequenceScores => match self.sequence_head.as_ref().ok_or_else(missing)? {
                 SequenceHead::Bert { pooler, classifier } => {
                     classifier.forward(&pooler.forward(&first_token()?)?.tanh()?)?.to_dtype(DType::F32)
@@ -302,32 +304,8 @@ impl Bert {
             Contract::TokenScores => {
                 self.token_head.as_ref().ok_or_else(missing)?.forward(&hidden)?.to_dtype(DType::F32)
             }
-            Contract::SparseWeights => self.mlm_head.as_ref().ok_or_else(missing)?.sparse(&hidden, &mask),
+            Contract::SparseWeights => self.mlm_head.as_ref().ok_or_else(missing)?.sparse(&hidden, &batch.mask),
         }
-    }
-
-    /// The encoder's last hidden state `[rows, seq, hidden]` in the model's dtype; `mask` is F32.
-    fn encode(&self, ids: &Tensor, mask: &Tensor, types: &Tensor) -> candle_core::Result<Tensor> {
-        let (_, seq) = ids.dims2()?;
-        let first = self.first_position;
-        let positions = Tensor::arange(first, first + seq as u32, ids.device())?;
-        let words = self.words.forward(ids)?;
-        let words = match &self.token_types {
-            Some(token_types) => (words + token_types.forward(types)?)?,
-            None => words,
-        };
-        let embedded = words.broadcast_add(&self.positions.forward(&positions)?)?;
-        let embedded = self.norm.forward(&embedded)?;
-        let dtype = embedded.dtype();
-        // (1 − mask) × lowest, made in F32 where it is exact, then cast: 0 for a real token, the lowest finite
-        // value of the dtype for padding. Shape [rows, 1, 1, seq] to broadcast over heads and query positions.
-        let additive = mask.affine(-self.mask_value, self.mask_value)?.unsqueeze(1)?.unsqueeze(1)?.to_dtype(dtype)?;
-        self.encoder.forward(&embedded, &additive)
-    }
-
-    /// Whether the model has one token type (RoBERTa's family): a tokenizer's segment ids are then ignored.
-    pub(crate) fn one_token_type(&self) -> bool {
-        self.config.type_vocab_size == 1
     }
 }
 
@@ -434,13 +412,4 @@ fn last_linear(vb: &VarBuilder, hidden: usize) -> candle_core::Result<Linear> {
         candle_core::bail!("{}.weight is [{labels}, {inputs}], not [labels, {hidden}]", vb.prefix());
     }
     Ok(Linear::new(weight, Some(vb.get(labels, "bias")?)))
-}
-
-/// The lowest finite value of a float dtype.
-fn lowest(dtype: DType) -> f64 {
-    match dtype {
-        DType::F16 => f64::from(half::f16::MIN),
-        DType::BF16 => f64::from(half::bf16::MIN),
-        _ => f64::from(f32::MIN),
-    }
 }

@@ -1,8 +1,19 @@
-//! inferd-candle: the [`Engine`] on candle. Weights come from safetensors files; architectures are built in
-//! (`mlp`, and `bert` for text models: BERT's family, with the heads its contracts need). Runs on the CPU, or on `cuda:N` in builds with the `cuda` feature.
+//! inferd-candle: the [`Engine`] on candle. Weights come from safetensors files; architectures are built in (`mlp`
+//! for tensors, and for text models the transformer the folder's `config.json` names: BERT's family with the heads
+//! its contracts need, MPNet, ModernBERT, NomicBERT, GTE's "new" architecture and Qwen3). Runs on the CPU, or on
+//! `cuda:N` in builds with the `cuda` feature.
 
+mod batch;
 mod bert;
+mod gte;
+mod layers;
 mod memory;
+mod modernbert;
+mod mpnet;
+mod nomic;
+mod pool;
+mod qwen3;
+mod transformer;
 
 use std::path::Path;
 
@@ -14,7 +25,8 @@ use inferd_core::{
     TensorSpec,
 };
 
-use crate::bert::Bert;
+use crate::batch::Batch;
+use crate::transformer::{Plan, TextModel};
 
 /// One loaded candle model: what one worker thread owns.
 pub struct CandleEngine {
@@ -30,8 +42,7 @@ pub struct CandleEngine {
 /// The built-in architectures.
 enum Architecture {
     Mlp(Mlp),
-    // Boxed: a BERT model is far larger than an mlp, and an engine holds one or the other.
-    Bert(Box<Bert>),
+    Text(Box<dyn TextModel>),
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -145,12 +156,14 @@ impl CandleEngine {
         let options = config.candle.as_ref().ok_or_else(|| Error::config(toml, "candle: missing [candle] table"))?;
         let text = match (options.architecture.as_str(), wants.is_empty()) {
             ("mlp", true) => None,
-            ("bert", false) => Some(TextSettings::resolve(config, wants)?),
-            ("mlp" | "bert", _) => {
+            // `bert`: the name text models had before other architectures.
+            ("transformer" | "bert", false) => Some(TextSettings::resolve(config, wants)?),
+            ("mlp" | "transformer" | "bert", _) => {
                 return Err(Error::config(
                     toml,
                     format!(
-                        "candle.architecture: `{}` does not serve task = \"{}\" (`mlp` takes tensors, `bert` text)",
+                        "candle.architecture: `{}` does not serve task = \"{}\" (`mlp` takes tensors, `transformer` \
+                         text)",
                         options.architecture,
                         config.task.as_str()
                     ),
@@ -159,7 +172,10 @@ impl CandleEngine {
             (other, _) => {
                 return Err(Error::config(
                     toml,
-                    format!("candle.architecture: unknown architecture `{other}` (expected mlp or bert)"),
+                    format!(
+                        "candle.architecture: unknown architecture `{other}` (expected mlp, or transformer: the \
+                         architecture its config.json names)"
+                    ),
                 ))
             }
         };
@@ -167,7 +183,7 @@ impl CandleEngine {
         if !config.file.is_file() {
             return Err(Error::config(&config.file, "the weights file named by `file` does not exist"));
         }
-        let bert_config = text.as_ref().map(|_| bert::read_config(&config.dir)).transpose()?;
+        let plan = text.as_ref().map(|_| Plan::read(&config.dir)).transpose()?;
         let activations = match text {
             None => mlp_shape(options).map_err(|m| Error::config(toml, m))?,
             Some(_) => Vec::new(),
@@ -184,18 +200,18 @@ impl CandleEngine {
             memory::check_fits(&config.name, weight_bytes, precision, &device_name(&device), memory)?;
         }
         memory::log_gpu_free(&device, &config.name, "device ready");
-        let (model, inputs, outputs, text) = match (text, bert_config) {
-            (Some(settings), Some(bert_config)) => {
-                let bert = Bert::load(&config.file, bert_config, wants, settings.pooling, dtype, &device)?;
+        let (model, inputs, outputs, text) = match (text, plan) {
+            (Some(settings), Some(plan)) => {
+                let model = plan.load(&config.dir, &config.file, wants, settings.pooling, dtype, &device)?;
                 let token =
                     |name: &str| TensorSpec { name: name.into(), datatype: DataType::Int64, shape: vec![-1, -1] };
                 let inputs = vec![token(INPUT_IDS), token(ATTENTION_MASK), token(TOKEN_TYPE_IDS)];
-                let mut info =
-                    settings.info(config, bert.contracts().to_vec(), bert.config.hidden_size, bert.head_labels())?;
-                info.vocab_size = Some(bert.config.vocab_size);
+                let dims = model.dims();
+                let mut info = settings.info(config, model.contracts().to_vec(), dims.hidden, model.head_labels())?;
+                info.vocab_size = Some(dims.vocab);
                 let first = wants[0];
                 let outputs = vec![contract_output(first, info.width(first).unwrap_or(0))];
-                (Architecture::Bert(Box::new(bert)), inputs, outputs, Some(info))
+                (Architecture::Text(model), inputs, outputs, Some(info))
             }
             _ => {
                 let mlp = load_mlp(&config.file, options, &activations, dtype, &device)?;
@@ -343,15 +359,15 @@ impl Engine for CandleEngine {
                 let y = y.to_dtype(dtype_of_output(out.datatype)).map_err(Error::engine)?;
                 Ok(vec![from_candle(&y, out.datatype)?])
             }
-            Architecture::Bert(bert) => Ok(vec![self.run_text(bert.contracts()[0], inputs)?]),
+            Architecture::Text(model) => Ok(vec![self.run_text(model.contracts()[0], inputs)?]),
         }
     }
 
     fn run_text(&mut self, contract: Contract, inputs: &[Tensor]) -> Result<Tensor> {
         match &self.model {
-            Architecture::Bert(bert) if bert.contracts().contains(&contract) => {
-                let [ids, mask, types] = self.token_inputs(bert, inputs)?;
-                let out = bert.run(contract, &ids, &mask, &types).map_err(Error::engine)?;
+            Architecture::Text(model) if model.contracts().contains(&contract) => {
+                let batch = self.batch(model.as_ref(), inputs)?;
+                let out = model.run(contract, &batch).map_err(Error::engine)?;
                 from_candle(&out, DataType::Fp32)
             }
             _ => Err(Error::Unsupported(format!("this model gives no {}", contract.as_str()))),
@@ -372,33 +388,37 @@ impl Drop for CandleEngine {
 }
 
 impl CandleEngine {
-    /// A bert model's token inputs on its device, the ids checked against its vocabularies.
-    fn token_inputs(&self, bert: &Bert, inputs: &[Tensor]) -> Result<[candle_core::Tensor; 3]> {
+    /// A text model's token inputs as a batch on its device, the ids checked against its vocabularies.
+    fn batch(&self, model: &dyn TextModel, inputs: &[Tensor]) -> Result<Batch> {
         let [ids, mask, types] = inputs else {
-            return Err(Error::InvalidInput("a bert model takes input_ids, attention_mask and token_type_ids".into()));
+            return Err(Error::InvalidInput("a text model takes input_ids, attention_mask and token_type_ids".into()));
         };
-        let vocab = bert.config.vocab_size as i64;
-        let type_vocab = bert.config.type_vocab_size as i64;
-        let ids = token_ids(ids, vocab, INPUT_IDS)?;
-        // A model with one token type takes none from the tokenizer (RoBERTa's marks a pair's second text).
-        let types = match bert.one_token_type() {
-            true => vec![0; ids.len()],
-            false => token_ids(types, type_vocab, TOKEN_TYPE_IDS)?,
+        let dims = model.dims();
+        let ids = token_ids(ids, dims.vocab as i64, INPUT_IDS)?;
+        // A model with one token type (or none) takes none from the tokenizer (RoBERTa's marks a pair's second
+        // text).
+        let types = match dims.token_types {
+            0 | 1 => vec![0; ids.len()],
+            n => token_ids(types, n as i64, TOKEN_TYPE_IDS)?,
         };
-        let shape = inputs[0].shape().to_vec();
-        let tensor = |values: Vec<i64>| {
-            candle_core::Tensor::from_vec(values, shape.clone(), &self.device).map_err(Error::engine)
+        let [rows, seq] = inputs[0].shape()[..] else {
+            return Err(Error::InvalidInput(format!("{INPUT_IDS} must be [rows, tokens]")));
         };
-        Ok([tensor(ids)?, tensor(mask.to_vec::<i64>()?)?, tensor(types)?])
+        let mask = mask.to_vec::<i64>()?;
+        if mask.len() != ids.len() {
+            return Err(Error::InvalidInput(format!("{ATTENTION_MASK} must have the shape of {INPUT_IDS}")));
+        }
+        Batch::new(ids, types, &mask, rows, seq, &self.device).map_err(Error::engine)
     }
 }
 
 /// A token input's values, each checked to be below `limit`: an id out of range is the client's fault.
-fn token_ids(t: &Tensor, limit: i64, name: &str) -> Result<Vec<i64>> {
+fn token_ids(t: &Tensor, limit: i64, name: &str) -> Result<Vec<u32>> {
     let values = t.to_vec::<i64>()?;
     match values.iter().find(|&&v| !(0..limit).contains(&v)) {
         Some(bad) => Err(Error::InvalidInput(format!("{name}: {bad} is not below the model's {limit}"))),
-        None => Ok(values),
+        // Below a usize vocabulary's size, and vocabularies are far below u32::MAX.
+        None => Ok(values.into_iter().map(|v| v as u32).collect()),
     }
 }
 

@@ -116,6 +116,8 @@ pub struct TextSettings {
 /// The few fields of the hub's `config.json` that matter here.
 #[derive(Deserialize)]
 struct HubConfig {
+    /// `n_positions` in NomicBERT's GPT-2-style keys.
+    #[serde(alias = "n_positions")]
     max_position_embeddings: Option<usize>,
     vocab_size: Option<usize>,
     model_type: Option<String>,
@@ -126,12 +128,14 @@ struct HubConfig {
 }
 
 impl HubConfig {
-    /// The positions a text may take: RoBERTa's family numbers positions from `pad_token_id + 1`, so it takes that
-    /// many fewer than its table holds.
+    /// The positions a text may take: RoBERTa's family and MPNet number positions from `pad_token_id + 1`, so they
+    /// take that many fewer than their table holds.
     fn positions(&self) -> Option<usize> {
         let table = self.max_position_embeddings?;
         match self.model_type.as_deref() {
-            Some(kind) if is_roberta(kind) => Some(table.saturating_sub(self.pad_token_id.unwrap_or(1) + 1)),
+            Some(kind) if is_roberta(kind) || kind == "mpnet" => {
+                Some(table.saturating_sub(self.pad_token_id.unwrap_or(1) + 1))
+            }
             _ => Some(table),
         }
     }
@@ -175,6 +179,10 @@ struct PoolingConfig {
     pooling_mode_max_tokens: bool,
     #[serde(default)]
     pooling_mode_mean_sqrt_len_tokens: bool,
+    #[serde(default)]
+    pooling_mode_weightedmean_tokens: bool,
+    #[serde(default)]
+    pooling_mode_lasttoken: bool,
 }
 
 #[derive(Deserialize)]
@@ -315,22 +323,32 @@ fn folder_pooling(dir: &Path, module: &str) -> Result<Pooling> {
     let Some(c) = read_json::<PoolingConfig>(&dir.join(module), "config.json")? else {
         return Ok(Pooling::Mean);
     };
-    match (
-        c.pooling_mode_cls_token,
-        c.pooling_mode_mean_tokens,
-        c.pooling_mode_max_tokens || c.pooling_mode_mean_sqrt_len_tokens,
-    ) {
-        (true, false, false) => Ok(Pooling::Cls),
-        (false, true, false) => Ok(Pooling::Mean),
+    let modes = [
+        (c.pooling_mode_cls_token, Pooling::Cls),
+        (c.pooling_mode_mean_tokens, Pooling::Mean),
+        (c.pooling_mode_max_tokens, Pooling::Max),
+        (c.pooling_mode_mean_sqrt_len_tokens, Pooling::MeanSqrtLen),
+        (c.pooling_mode_weightedmean_tokens, Pooling::WeightedMean),
+        (c.pooling_mode_lasttoken, Pooling::LastToken),
+    ];
+    let named: Vec<Pooling> = modes.iter().filter(|(on, _)| *on).map(|(_, p)| *p).collect();
+    match named[..] {
+        [] => Ok(Pooling::Mean),
+        [one] => Ok(one),
         _ => Err(Error::config(
             path,
-            "inferd pools by `mean` or `cls` alone; set pooling in model.toml to use this model with one of them",
+            format!(
+                "the pooling modes {} are named together, which concatenates their vectors; inferd pools by one: set \
+                 pooling in model.toml to one of them",
+                named.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(", ")
+            ),
         )),
     }
 }
 
-/// Pools a last hidden state `[rows, seq, dim]` (row-major) into `[rows, dim]`, counting only the tokens whose
-/// `mask` is non-zero.
+/// Pools a last hidden state `[rows, seq, dim]` (row-major) into `[rows, dim]` as sentence-transformers does,
+/// counting only the tokens whose `mask` is non-zero (wherever the padding lies: the first and last tokens are the
+/// first and last real ones, a token's weight its place among them).
 pub fn pool(hidden: &[f32], mask: &[i64], rows: usize, seq: usize, dim: usize, pooling: Pooling) -> Result<Vec<f32>> {
     if hidden.len() != rows * seq * dim || mask.len() != rows * seq {
         return Err(Error::Engine(format!(
@@ -341,22 +359,32 @@ pub fn pool(hidden: &[f32], mask: &[i64], rows: usize, seq: usize, dim: usize, p
     }
     let mut out = vec![0f32; rows * dim];
     for (r, pooled) in out.chunks_exact_mut(dim).enumerate() {
-        let states = &hidden[r * seq * dim..(r + 1) * seq * dim];
-        match pooling {
-            Pooling::Cls => pooled.copy_from_slice(&states[..dim]),
-            Pooling::Mean => {
-                let row_mask = &mask[r * seq..(r + 1) * seq];
-                let mut count = 0f32;
-                for (state, _) in states.chunks_exact(dim).zip(row_mask).filter(|(_, &m)| m != 0) {
-                    count += 1.0;
-                    for (p, s) in pooled.iter_mut().zip(state) {
-                        *p += s;
-                    }
-                }
-                let count = count.max(1.0);
-                pooled.iter_mut().for_each(|p| *p /= count);
+        let states = hidden[r * seq * dim..(r + 1) * seq * dim].chunks_exact(dim);
+        let real: Vec<&[f32]> = states.zip(&mask[r * seq..(r + 1) * seq]).filter(|(_, &m)| m != 0).map(|(s, _)| s).collect();
+        let (Some(first), Some(last)) = (real.first(), real.last()) else { continue };
+        let weighted_sum = |weight: &dyn Fn(usize) -> f64| {
+            let mut sums = vec![0f64; dim];
+            for (i, state) in real.iter().enumerate() {
+                sums.iter_mut().zip(*state).for_each(|(p, &s)| *p += weight(i) * f64::from(s));
             }
-        }
+            sums
+        };
+        let n = real.len() as f64;
+        let (sums, divisor) = match pooling {
+            Pooling::Cls => (first.iter().map(|&v| f64::from(v)).collect(), 1.0),
+            Pooling::LastToken => (last.iter().map(|&v| f64::from(v)).collect(), 1.0),
+            Pooling::Max => {
+                let mut maxima = vec![f64::NEG_INFINITY; dim];
+                for state in &real {
+                    maxima.iter_mut().zip(*state).for_each(|(m, &s)| *m = m.max(f64::from(s)));
+                }
+                (maxima, 1.0)
+            }
+            Pooling::Mean => (weighted_sum(&|_| 1.0), n),
+            Pooling::MeanSqrtLen => (weighted_sum(&|_| 1.0), n.sqrt()),
+            Pooling::WeightedMean => (weighted_sum(&|i| (i + 1) as f64), n * (n + 1.0) / 2.0),
+        };
+        pooled.iter_mut().zip(sums).for_each(|(p, s)| *p = (s / divisor) as f32);
     }
     Ok(out)
 }
@@ -408,6 +436,30 @@ mod tests {
         let cls = pool(&hidden, &mask, 2, 3, 2, Pooling::Cls).expect("pool");
         assert_eq!(cls, vec![1.0, 2.0, 10.0, 20.0]);
         assert!(pool(&hidden, &mask, 2, 2, 2, Pooling::Mean).is_err());
+    }
+
+    #[test]
+    fn every_pooling_mode_reads_the_real_tokens_wherever_the_padding_lies() {
+        // One text of three tokens (dim 2), padded on the right in row 0 and on the left in row 1.
+        let tokens = [[1.0f32, -4.0], [3.0, 2.0], [5.0, 8.0]];
+        let pad = [1e6f32, -1e6];
+        let rows: Vec<f32> = [tokens[0], tokens[1], tokens[2], pad, pad, tokens[0], tokens[1], tokens[2]].concat();
+        let mask = [1, 1, 1, 0, 0, 1, 1, 1];
+        let cases: [(Pooling, [f32; 2]); 6] = [
+            (Pooling::Cls, [1.0, -4.0]),
+            (Pooling::LastToken, [5.0, 8.0]),
+            (Pooling::Max, [5.0, 8.0]),
+            (Pooling::Mean, [3.0, 2.0]),
+            (Pooling::MeanSqrtLen, [9.0 / 3f32.sqrt(), 6.0 / 3f32.sqrt()]),
+            // Weights 1, 2, 3: (1 + 6 + 15) / 6 and (-4 + 4 + 24) / 6.
+            (Pooling::WeightedMean, [22.0 / 6.0, 24.0 / 6.0]),
+        ];
+        for (pooling, want) in cases {
+            let got = pool(&rows, &mask, 2, 4, 2, pooling).expect("pool");
+            for row in got.chunks_exact(2) {
+                assert!(row.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-5), "{pooling:?}: {got:?}, want {want:?}");
+            }
+        }
     }
 
     #[test]
@@ -492,9 +544,9 @@ mod tests {
         let (_dir, config) = folder(&[
             ("model.toml", "backend = \"onnx\"\nfile = \"m.onnx\"\ntask = \"embed\"\nmax_seq_len = 8\n"),
             ("modules.json", MODULES),
-            ("1_Pooling/config.json", r#"{"pooling_mode_max_tokens": true}"#),
+            ("1_Pooling/config.json", r#"{"pooling_mode_max_tokens": true, "pooling_mode_mean_tokens": true}"#),
         ]);
-        let err = TextSettings::resolve(&config, &[Contract::Pooled]).expect_err("max pooling").to_string();
-        assert!(err.contains("`mean` or `cls`"), "{err}");
+        let err = TextSettings::resolve(&config, &[Contract::Pooled]).expect_err("two modes").to_string();
+        assert!(err.contains("the pooling modes mean, max are named together"), "{err}");
     }
 }

@@ -169,14 +169,28 @@ impl Task {
     }
 }
 
-/// How a text model turns its last hidden state into one vector per text.
+/// How a text model turns its last hidden state into one vector per text: sentence-transformers' pooling modes.
+/// Only real (unpadded) tokens count, wherever the padding lies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
 pub enum Pooling {
-    /// The mean of the hidden states of the real (unpadded) tokens.
+    /// The mean of the tokens' states.
+    #[serde(rename = "mean")]
     Mean,
-    /// The hidden state of the first token (`[CLS]`).
+    /// The first token's state (`[CLS]`).
+    #[serde(rename = "cls")]
     Cls,
+    /// Each dimension's largest value over the tokens.
+    #[serde(rename = "max")]
+    Max,
+    /// The sum of the tokens' states over the square root of their number.
+    #[serde(rename = "mean_sqrt_len", alias = "mean_sqrt_len_tokens")]
+    MeanSqrtLen,
+    /// The mean weighted by position: the i-th token (from 1) weighs i.
+    #[serde(rename = "weighted_mean", alias = "weightedmean")]
+    WeightedMean,
+    /// The last token's state: a decoder's (its causal attention has read the whole text only there).
+    #[serde(rename = "last_token", alias = "lasttoken", alias = "last-token")]
+    LastToken,
 }
 
 impl Pooling {
@@ -184,6 +198,10 @@ impl Pooling {
         match self {
             Pooling::Mean => "mean",
             Pooling::Cls => "cls",
+            Pooling::Max => "max",
+            Pooling::MeanSqrtLen => "mean_sqrt_len",
+            Pooling::WeightedMean => "weighted_mean",
+            Pooling::LastToken => "last_token",
         }
     }
 }

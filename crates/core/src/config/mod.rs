@@ -166,7 +166,7 @@ impl ModelConfig {
         };
         let candle = match (raw.candle, raw.backend, raw.task) {
             (None, Backend::Candle, task) if task.is_text() => {
-                Some(CandleOptions { architecture: "bert".into(), layers: Vec::new(), activations: Vec::new() })
+                Some(CandleOptions { architecture: "transformer".into(), layers: Vec::new(), activations: Vec::new() })
             }
             (candle, _, _) => candle,
         };

@@ -55,7 +55,8 @@ pub struct MemoryOptions {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CandleOptions {
-    /// The architecture: `mlp`, or `bert` (the default of a text model, configured by its `config.json`).
+    /// The architecture: `mlp`, or `transformer` (the default of a text model: the architecture its `config.json`
+    /// names; `bert` is read as it).
     pub architecture: String,
     /// `mlp`: the width of each layer, input first (`[64, 128, 10]`).
     #[serde(default)]

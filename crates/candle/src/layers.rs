@@ -1,0 +1,163 @@
+//! What the transformer architectures share: attention over heads with an additive mask, rotary position
+//! embeddings, linear layers with or without bias, and reading a tensor under the names checkpoints give it.
+
+use candle_core::{DType, Device, Module, Tensor, D};
+use candle_nn::{Linear, VarBuilder};
+
+/// A linear layer of `inputs → outputs`, with its bias where `bias` says the checkpoint has one.
+pub(crate) fn linear(inputs: usize, outputs: usize, bias: bool, vb: VarBuilder) -> candle_core::Result<Linear> {
+    match bias {
+        true => candle_nn::linear(inputs, outputs, vb),
+        false => candle_nn::linear_no_bias(inputs, outputs, vb),
+    }
+}
+
+/// `[rows, seq, heads × dim]` → `[rows, heads, seq, dim]`, contiguous.
+pub(crate) fn split_heads(x: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
+    let (rows, seq, width) = x.dims3()?;
+    x.reshape((rows, seq, heads, width / heads))?.transpose(1, 2)?.contiguous()
+}
+
+/// `[rows, heads, seq, dim]` → `[rows, seq, heads × dim]`.
+pub(crate) fn merge_heads(x: &Tensor) -> candle_core::Result<Tensor> {
+    let (rows, heads, seq, dim) = x.dims4()?;
+    x.transpose(1, 2)?.reshape((rows, seq, heads * dim))
+}
+
+/// Scaled dot-product attention of `[rows, heads, seq, dim]` queries, keys and values, with `bias` added to the
+/// scores (an additive mask, broadcast: `[rows, 1, 1 or seq, seq]`, or a position bias): `[rows, heads, seq, dim]`.
+/// Keys and values with fewer heads than the queries (grouped-query attention) are shared by groups of them.
+pub(crate) fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: &Tensor,
+    scale: f64,
+) -> candle_core::Result<Tensor> {
+    let (heads, kv_heads) = (q.dim(1)?, k.dim(1)?);
+    let (k, v) = match heads / kv_heads {
+        1 => (k.clone(), v.clone()),
+        group => (repeat_heads(k, group)?, repeat_heads(v, group)?),
+    };
+    let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(bias)?;
+    candle_nn::ops::softmax_last_dim(&scores)?.matmul(&v)
+}
+
+/// Each of `[rows, kv_heads, seq, dim]`'s heads `group` times in a row: `[rows, kv_heads × group, seq, dim]`.
+fn repeat_heads(x: &Tensor, group: usize) -> candle_core::Result<Tensor> {
+    let (rows, kv_heads, seq, dim) = x.dims4()?;
+    x.unsqueeze(2)?.expand((rows, kv_heads, group, seq, dim))?.reshape((rows, kv_heads * group, seq, dim))
+}
+
+/// Rotary position embeddings ("rotate half": a head's first half of dimensions paired with its second half).
+pub(crate) struct Rotary {
+    /// `F32 [dim / 2]`: each pair's angle per position.
+    inv_freq: Tensor,
+}
+
+impl Rotary {
+    /// For heads of `dim` dimensions with base `theta`.
+    pub(crate) fn new(dim: usize, theta: f64, device: &Device) -> candle_core::Result<Rotary> {
+        Rotary::scaled(dim, theta, 1.0, device)
+    }
+
+    /// For heads of `dim` dimensions with base `theta`, every frequency divided by `divisor`.
+    pub(crate) fn scaled(dim: usize, theta: f64, divisor: f64, device: &Device) -> candle_core::Result<Rotary> {
+        let inv_freq: Vec<f32> =
+            (0..dim / 2).map(|i| (1.0 / theta.powf((2 * i) as f64 / dim as f64) / divisor) as f32).collect();
+        Ok(Rotary { inv_freq: Tensor::from_vec(inv_freq, dim / 2, device)? })
+    }
+
+    /// The cosines and sines `[rows, seq, dim / 2]` in `dtype` of `positions` (`U32 [rows, seq]`).
+    pub(crate) fn cos_sin(&self, positions: &Tensor, dtype: DType) -> candle_core::Result<(Tensor, Tensor)> {
+        let angles = positions.to_dtype(DType::F32)?.unsqueeze(D::Minus1)?.broadcast_mul(&self.inv_freq)?;
+        Ok((angles.cos()?.to_dtype(dtype)?, angles.sin()?.to_dtype(dtype)?))
+    }
+}
+
+/// `x` `[rows, heads, seq, dim]` rotated by `cos`/`sin` `[rows, seq, dim / 2]`.
+pub(crate) fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
+    candle_nn::rotary_emb::rope(&x.contiguous()?, cos, sin)
+}
+
+/// `x` rotated as [`rotate`] does, but pairing neighbouring dimensions (`2i`, `2i + 1`) instead of halves.
+pub(crate) fn rotate_interleaved(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
+    candle_nn::rotary_emb::rope_i(&x.contiguous()?, cos, sin)
+}
+
+/// A gated MLP's two halves applied: `activation(gate) × value`.
+pub(crate) fn gated(gate: &Tensor, value: &Tensor, activation: candle_nn::Activation) -> candle_core::Result<Tensor> {
+    activation.forward(gate)? * value
+}
+
+/// Reads `config.json`'s `key` into `T`, naming the field in the error.
+pub(crate) fn field<T: serde::de::DeserializeOwned>(json: &serde_json::Value, key: &str) -> Result<T, String> {
+    let value = json.get(key).ok_or_else(|| format!("{key}: missing"))?;
+    serde_json::from_value(value.clone()).map_err(|e| format!("{key}: {e}"))
+}
+
+/// Reads `config.json`'s `key` into `T`, or `default` where it is absent or null.
+pub(crate) fn field_or<T: serde::de::DeserializeOwned>(
+    json: &serde_json::Value,
+    key: &str,
+    default: T,
+) -> Result<T, String> {
+    match json.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(default),
+        Some(_) => field(json, key),
+    }
+}
+
+/// The root of a checkpoint's tensors: under `prefix` where the checkpoint stores a task model's
+/// (`mpnet.embeddings…`), else at the top (a bare encoder, as sentence-transformers saves it).
+pub(crate) fn under<'a>(root: &VarBuilder<'a>, prefix: &str, probe: &str) -> VarBuilder<'a> {
+    match root.contains_tensor(&format!("{prefix}.{probe}")) {
+        true => root.pp(prefix),
+        false => root.clone(),
+    }
+}
+
+/// A rotary embedding's settings from `config.json`: its base, from `rope_parameters` (transformers 5) or
+/// `rope_theta`, and its scaling type (`rope_parameters.rope_type`, or `rope_scaling`'s `rope_type` or `type`).
+pub(crate) struct RopeSettings {
+    pub theta: f64,
+    /// `None`: unscaled ("default").
+    pub scaling: Option<(String, f64)>,
+}
+
+impl RopeSettings {
+    /// Reads them from `json` (or `parameters`, a per-layer-type table in `rope_parameters`), with base `theta`
+    /// where none is named.
+    pub(crate) fn read(json: &serde_json::Value, parameters: Option<&serde_json::Value>, theta: f64) -> Result<RopeSettings, String> {
+        let parameters = parameters.or_else(|| json.get("rope_parameters")).filter(|p| p.is_object());
+        let scaling = json.get("rope_scaling").filter(|s| s.is_object());
+        let theta = match parameters.and_then(|p| p.get("rope_theta")) {
+            Some(t) => t.as_f64().ok_or("rope_parameters.rope_theta: not a number")?,
+            None => field_or(json, "rope_theta", theta)?,
+        };
+        let kind = [parameters, scaling]
+            .into_iter()
+            .flatten()
+            .find_map(|table| table.get("rope_type").or_else(|| table.get("type")).and_then(|t| t.as_str()))
+            .unwrap_or("default");
+        let factor = [parameters, scaling].into_iter().flatten().find_map(|t| t.get("factor").and_then(|f| f.as_f64()));
+        Ok(RopeSettings {
+            theta,
+            scaling: match kind {
+                "default" => None,
+                other => Some((other.to_owned(), factor.unwrap_or(1.0))),
+            },
+        })
+    }
+
+    /// Refuses a scaling the architecture does not have.
+    pub(crate) fn unscaled(self) -> Result<f64, String> {
+        match self.scaling {
+            None => Ok(self.theta),
+            Some((kind, _)) => Err(format!(
+                "rope_scaling: rope type `{kind}` is not supported for this architecture (inferd runs the default rotary \
+                 embedding)"
+            )),
+        }
+    }
+}

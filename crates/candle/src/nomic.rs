@@ -1,0 +1,179 @@
+//! NomicBERT (`model_type = "nomic_bert"`: nomic-embed-text): BERT's post-norm layers with rotary embeddings in
+//! place of learned positions (over the whole head, halves or neighbours paired), a fused `Wqkv`, and a gated MLP
+//! (`fc11` the value, `fc12` the gate: SwiGLU, GeGLU or GLU), its own config keys (GPT-2's names), and biases where
+//! `qkv_proj_bias` and `mlp_fc*_bias` say.
+
+use candle_core::{Module, Tensor};
+use candle_nn::{Activation, Embedding, LayerNorm, Linear, VarBuilder};
+
+use crate::batch::Batch;
+use crate::layers::{
+    attention, field, field_or, gated, linear, merge_heads, rotate, rotate_interleaved, split_heads, under, Rotary,
+};
+use crate::transformer::{Dims, Encoder};
+
+/// The MLP: gated (`fc11`, `fc12`, `fc2`) or plain (`fc1`, `fc2`).
+enum Mlp {
+    Gated { value: Linear, gate: Linear, activation: Activation },
+    Plain { up: Linear, activation: Activation },
+}
+
+pub(crate) struct Config {
+    pub dims: Dims,
+    layers: usize,
+    heads: usize,
+    intermediate: usize,
+    /// The activation, and whether the MLP is gated.
+    activation: (Activation, bool),
+    eps: f64,
+    theta: f64,
+    interleaved: bool,
+    qkv_bias: bool,
+    fc1_bias: bool,
+    fc2_bias: bool,
+}
+
+impl Config {
+    pub(crate) fn read(json: &serde_json::Value) -> Result<Config, String> {
+        let hidden: usize = field(json, "n_embd")?;
+        let heads: usize = field(json, "n_head")?;
+        if heads == 0 || hidden % heads != 0 || (hidden / heads) % 2 != 0 {
+            return Err(format!("n_head: {heads} heads do not divide n_embd {hidden} into heads of an even size"));
+        }
+        if field_or(json, "prenorm", false)? {
+            return Err("prenorm: only post-norm NomicBERT (prenorm false) is supported".into());
+        }
+        let fraction: f64 = field_or(json, "rotary_emb_fraction", 0.0)?;
+        if fraction != 1.0 {
+            return Err(format!(
+                "rotary_emb_fraction: {fraction}; inferd runs NomicBERT with the rotary embedding over whole heads (1.0)"
+            ));
+        }
+        if field_or::<Option<f64>>(json, "rotary_scaling_factor", None)?.is_some() {
+            return Err("rotary_scaling_factor: dynamic NTK scaling is not supported; set it to null".into());
+        }
+        let name: String = field_or(json, "activation_function", "gelu_new".to_owned())?;
+        let activation = match name.as_str() {
+            "swiglu" => (Activation::Silu, true),
+            "geglu" => (Activation::Gelu, true),
+            "glu" => (Activation::Sigmoid, true),
+            // The block is given the function: every spelling of GELU is the exact one.
+            "gelu" | "gelu_new" | "gelu_fast" | "gelu_pytorch_tanh" => (Activation::Gelu, false),
+            "relu" => (Activation::Relu, false),
+            other => return Err(format!("activation_function: `{other}` is not swiglu, geglu, glu, gelu or relu")),
+        };
+        let hidden_default = 4 * hidden;
+        Ok(Config {
+            dims: Dims { hidden, vocab: field(json, "vocab_size")?, token_types: field_or(json, "type_vocab_size", 2)? },
+            layers: field(json, "n_layer")?,
+            heads,
+            intermediate: field_or::<Option<usize>>(json, "n_inner", None)?.unwrap_or(hidden_default),
+            activation,
+            eps: field_or(json, "layer_norm_epsilon", 1e-5)?,
+            theta: field_or(json, "rotary_emb_base", 10_000.0)?,
+            interleaved: field_or(json, "rotary_emb_interleaved", false)?,
+            qkv_bias: field_or(json, "qkv_proj_bias", true)?,
+            fc1_bias: field_or(json, "mlp_fc1_bias", true)?,
+            fc2_bias: field_or(json, "mlp_fc2_bias", true)?,
+        })
+    }
+}
+
+struct Layer {
+    qkv: Linear,
+    o: Linear,
+    norm1: LayerNorm,
+    mlp: Mlp,
+    down: Linear,
+    norm2: LayerNorm,
+}
+
+pub(crate) struct NomicBert {
+    words: Embedding,
+    token_types: Option<Embedding>,
+    norm: LayerNorm,
+    layers: Vec<Layer>,
+    rotary: Rotary,
+    config: Config,
+}
+
+impl NomicBert {
+    pub(crate) fn load(root: &VarBuilder, config: Config) -> candle_core::Result<NomicBert> {
+        let vb = under(root, "bert", "embeddings.word_embeddings.weight");
+        let c = &config;
+        let (h, inner) = (c.dims.hidden, c.intermediate);
+        let layers = (0..c.layers)
+            .map(|i| {
+                let l = vb.pp(format!("encoder.layers.{i}"));
+                let m = l.pp("mlp");
+                let (activation, is_gated) = c.activation;
+                Ok(Layer {
+                    qkv: linear(h, 3 * h, c.qkv_bias, l.pp("attn.Wqkv"))?,
+                    o: linear(h, h, c.qkv_bias, l.pp("attn.out_proj"))?,
+                    norm1: candle_nn::layer_norm(h, c.eps, l.pp("norm1"))?,
+                    mlp: match is_gated {
+                        true => Mlp::Gated {
+                            value: linear(h, inner, c.fc1_bias, m.pp("fc11"))?,
+                            gate: linear(h, inner, c.fc1_bias, m.pp("fc12"))?,
+                            activation,
+                        },
+                        false => Mlp::Plain { up: linear(h, inner, c.fc1_bias, m.pp("fc1"))?, activation },
+                    },
+                    down: linear(inner, h, c.fc2_bias, m.pp("fc2"))?,
+                    norm2: candle_nn::layer_norm(h, c.eps, l.pp("norm2"))?,
+                })
+            })
+            .collect::<candle_core::Result<_>>()?;
+        let e = vb.pp("embeddings");
+        Ok(NomicBert {
+            words: candle_nn::embedding(c.dims.vocab, h, e.pp("word_embeddings"))?,
+            token_types: match c.dims.token_types {
+                0 => None,
+                n => Some(candle_nn::embedding(n, h, e.pp("token_type_embeddings"))?),
+            },
+            norm: candle_nn::layer_norm(h, c.eps, vb.pp("emb_ln"))?,
+            layers,
+            rotary: Rotary::new(h / c.heads, c.theta, vb.device())?,
+            config,
+        })
+    }
+}
+
+impl Encoder for NomicBert {
+    fn dims(&self) -> Dims {
+        self.config.dims
+    }
+
+    fn encode(&self, batch: &Batch) -> candle_core::Result<Tensor> {
+        let c = &self.config;
+        let x = self.words.forward(&batch.ids)?;
+        let x = match &self.token_types {
+            Some(types) => (x + types.forward(&batch.types)?)?,
+            None => x,
+        };
+        let mut x = self.norm.forward(&x)?;
+        let dtype = x.dtype();
+        let (cos, sin) = self.rotary.cos_sin(&batch.positions(0, 0)?, dtype)?;
+        let turn = |t: &Tensor| match c.interleaved {
+            true => rotate_interleaved(t, &cos, &sin),
+            false => rotate(t, &cos, &sin),
+        };
+        let mask = batch.key_mask(dtype)?;
+        let h = c.dims.hidden;
+        let scale = 1.0 / ((h / c.heads) as f64).sqrt();
+        for layer in &self.layers {
+            let qkv = layer.qkv.forward(&x)?;
+            let q = turn(&split_heads(&qkv.narrow(2, 0, h)?, c.heads)?)?;
+            let k = turn(&split_heads(&qkv.narrow(2, h, h)?, c.heads)?)?;
+            let v = split_heads(&qkv.narrow(2, 2 * h, h)?, c.heads)?;
+            let attended = layer.o.forward(&merge_heads(&attention(&q, &k, &v, &mask, scale)?)?)?;
+            x = layer.norm1.forward(&(attended + x)?)?;
+            let inner = match &layer.mlp {
+                Mlp::Gated { value, gate, activation } => gated(&gate.forward(&x)?, &value.forward(&x)?, *activation)?,
+                Mlp::Plain { up, activation } => activation.forward(&up.forward(&x)?)?,
+            };
+            x = layer.norm2.forward(&(layer.down.forward(&inner)? + x)?)?;
+        }
+        Ok(x)
+    }
+}
