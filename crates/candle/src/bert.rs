@@ -21,7 +21,7 @@ use inferd_core::text::{is_roberta, Contract};
 use inferd_core::{Error, Pooling, Result};
 
 use crate::batch::Batch;
-use crate::transformer::{Dims, TextModel};
+use crate::transformer::{last_linear, Dims, TextModel};
 
 /// A loaded encoder and the heads it was asked for.
 pub(crate) struct Bert {
@@ -402,14 +402,4 @@ impl MlmHead {
         }
         (Tensor::stack(&weights, 0)? + 1.0)?.log()
     }
-}
-
-/// A head's last linear layer from `hidden` inputs to as many labels as its weights hold.
-fn last_linear(vb: &VarBuilder, hidden: usize) -> candle_core::Result<Linear> {
-    let weight = vb.get_unchecked("weight")?;
-    let (labels, inputs) = weight.dims2()?;
-    if inputs != hidden || labels == 0 {
-        candle_core::bail!("{}.weight is [{labels}, {inputs}], not [labels, {hidden}]", vb.prefix());
-    }
-    Ok(Linear::new(weight, Some(vb.get(labels, "bias")?)))
 }

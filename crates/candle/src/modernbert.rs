@@ -9,7 +9,7 @@ use candle_nn::{Activation, Embedding, LayerNorm, LayerNormConfig, Linear, VarBu
 
 use crate::batch::Batch;
 use crate::layers::{attention, field, field_or, gated, linear, merge_heads, rotate, under, RopeSettings, Rotary};
-use crate::transformer::{Dims, Encoder};
+use crate::transformer::{last_linear, Dims, Encoder, Head};
 
 const GLOBAL: &str = "full_attention";
 const LOCAL: &str = "sliding_attention";
@@ -110,6 +110,29 @@ fn layer_norm(size: usize, config: &Config, vb: VarBuilder) -> candle_core::Resu
         true => candle_nn::layer_norm(size, settings, vb),
         false => candle_nn::layer_norm_no_bias(size, config.eps, vb),
     }
+}
+
+/// `ModernBertForSequenceClassification`'s head: the first token or the mean (`classifier_pooling`), then
+/// `head.dense` (with a bias where `classifier_bias` says), `classifier_activation`, `head.norm`, and `classifier`.
+pub(crate) fn head(root: &VarBuilder, json: &serde_json::Value, hidden: usize) -> candle_core::Result<Head> {
+    let config = Config::read(json).map_err(candle_core::Error::Msg)?;
+    let read = |key: &str, default: &str| {
+        field_or(json, key, default.to_owned()).map_err(candle_core::Error::Msg)
+    };
+    let mean = match read("classifier_pooling", "cls")?.as_str() {
+        "cls" => false,
+        "mean" => true,
+        other => candle_core::bail!("classifier_pooling: `{other}` is not cls or mean"),
+    };
+    let activation: Activation = field_or(json, "classifier_activation", Activation::Gelu).map_err(candle_core::Error::Msg)?;
+    let bias: bool = field_or(json, "classifier_bias", false).map_err(candle_core::Error::Msg)?;
+    Ok(Head::Pooled {
+        mean,
+        dense: linear(hidden, hidden, bias, root.pp("head.dense"))?,
+        activation,
+        norm: layer_norm(hidden, &config, root.pp("head.norm"))?,
+        classifier: last_linear(&root.pp("classifier"), hidden)?,
+    })
 }
 
 impl ModernBert {

@@ -8,7 +8,7 @@ use candle_nn::{Activation, Embedding, LayerNorm, Linear, VarBuilder};
 
 use crate::batch::Batch;
 use crate::layers::{attention, field, field_or, linear, merge_heads, split_heads, under};
-use crate::transformer::{Dims, Encoder};
+use crate::transformer::{last_linear, Dims, Encoder, Head};
 
 /// The distance past which every bucket is the last of its direction, as MPNet fixes it.
 const MAX_DISTANCE: i64 = 128;
@@ -111,6 +111,15 @@ impl MPNet {
         let heads = self.config.heads;
         self.relative_bias.index_select(&buckets, 0)?.reshape((seq, seq, heads))?.permute((2, 0, 1))?.unsqueeze(0)
     }
+}
+
+/// `MPNetForSequenceClassification`'s head: `classifier.dense` and `classifier.out_proj` on the first token.
+pub(crate) fn head(root: &VarBuilder, hidden: usize) -> candle_core::Result<Head> {
+    let head = root.pp("classifier");
+    Ok(Head::FirstToken {
+        dense: linear(hidden, hidden, true, head.pp("dense"))?,
+        out_proj: last_linear(&head.pp("out_proj"), hidden)?,
+    })
 }
 
 /// T5's bucket of a key `relative` positions after its query, among `buckets` (half per direction), as MPNet

@@ -6,8 +6,8 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{Activation, LayerNorm, Linear, VarBuilder};
 use inferd_core::text::Contract;
 use inferd_core::{Error, Pooling, Result};
 
@@ -45,11 +45,57 @@ pub(crate) trait Encoder: Send {
     fn encode(&self, batch: &Batch) -> candle_core::Result<Tensor>;
 }
 
-/// An [`Encoder`] serving pooled vectors and per-token states.
+/// An [`Encoder`] serving pooled vectors and per-token states, and a sequence classification head's scores where
+/// it has one.
 struct Transformer {
     encoder: Box<dyn Encoder>,
     pooling: Pooling,
     contracts: Vec<Contract>,
+    head: Option<Head>,
+}
+
+/// A `*ForSequenceClassification` model's head, on the last hidden state.
+pub(crate) enum Head {
+    /// ModernBERT's: the first token's state or the mean of the real tokens' (`classifier_pooling`), then dense,
+    /// the activation, a LayerNorm, and the classifier.
+    Pooled { mean: bool, dense: Linear, activation: Activation, norm: LayerNorm, classifier: Linear },
+    /// RoBERTa's and MPNet's: the first token's state, dense, tanh, and the output projection.
+    FirstToken { dense: Linear, out_proj: Linear },
+}
+
+impl Head {
+    fn labels(&self) -> Option<usize> {
+        match self {
+            Head::Pooled { classifier: last, .. } | Head::FirstToken { out_proj: last, .. } => last.weight().dim(0).ok(),
+        }
+    }
+
+    /// The logits `[rows, labels]` (F32) of `hidden`.
+    fn scores(&self, hidden: &Tensor, batch: &Batch) -> candle_core::Result<Tensor> {
+        let first = |hidden: &Tensor| crate::pool::pooled(hidden, batch, Pooling::Cls)?.to_dtype(hidden.dtype());
+        match self {
+            Head::Pooled { mean, dense, activation, norm, classifier } => {
+                let pooled = match mean {
+                    true => crate::pool::pooled(hidden, batch, Pooling::Mean)?.to_dtype(hidden.dtype())?,
+                    false => first(hidden)?,
+                };
+                classifier.forward(&norm.forward(&activation.forward(&dense.forward(&pooled)?)?)?)?.to_dtype(DType::F32)
+            }
+            Head::FirstToken { dense, out_proj } => {
+                out_proj.forward(&dense.forward(&first(hidden)?)?.tanh()?)?.to_dtype(DType::F32)
+            }
+        }
+    }
+}
+
+/// A head's last linear layer from `hidden` inputs to as many labels as its weights hold, with its bias.
+pub(crate) fn last_linear(vb: &VarBuilder, hidden: usize) -> candle_core::Result<Linear> {
+    let weight = vb.get_unchecked("weight")?;
+    let (labels, inputs) = weight.dims2()?;
+    if inputs != hidden || labels == 0 {
+        candle_core::bail!("{}.weight is [{labels}, {inputs}], not [labels, {hidden}]", vb.prefix());
+    }
+    Ok(Linear::new(weight, Some(vb.get(labels, "bias")?)))
 }
 
 impl TextModel for Transformer {
@@ -58,7 +104,7 @@ impl TextModel for Transformer {
     }
 
     fn head_labels(&self) -> Option<usize> {
-        None
+        self.head.as_ref().and_then(Head::labels)
     }
 
     fn dims(&self) -> Dims {
@@ -70,6 +116,10 @@ impl TextModel for Transformer {
         match contract {
             Contract::Pooled => crate::pool::pooled(&hidden, batch, self.pooling),
             Contract::TokenStates => hidden.to_dtype(DType::F32),
+            Contract::SequenceScores => match &self.head {
+                Some(head) => head.scores(&hidden, batch),
+                None => candle_core::bail!("this model has no head for {}", contract.as_str()),
+            },
             other => candle_core::bail!("this model has no head for {}", other.as_str()),
         }
     }
@@ -155,7 +205,13 @@ impl Plan {
         dtype: DType,
         device: &Device,
     ) -> Result<Box<dyn TextModel>> {
-        if let Some(&head) = wants.iter().find(|c| !matches!(c, Contract::Pooled | Contract::TokenStates)) {
+        let headed = |kind| matches!(kind, Kind::MPNet | Kind::ModernBert);
+        let serves = |c: &Contract| match c {
+            Contract::Pooled | Contract::TokenStates => true,
+            Contract::SequenceScores => headed(self.kind),
+            _ => false,
+        };
+        if let Some(&head) = wants.iter().find(|c| !serves(c)) {
             if self.kind != Kind::Bert && wants[0] == head {
                 return Err(Error::config(
                     &self.path,
@@ -190,11 +246,64 @@ impl Plan {
                 Box::new(qwen3::Qwen3::load(&root()?, qwen3::Config::read(json).map_err(bad)?).map_err(weights)?)
             }
         };
-        let contracts = wants.iter().copied().filter(|c| matches!(c, Contract::Pooled | Contract::TokenStates)).collect();
-        Ok(Box::new(Transformer { encoder, pooling, contracts }))
+        let contracts: Vec<Contract> = wants.iter().copied().filter(serves).collect();
+        let head = match contracts.contains(&Contract::SequenceScores) {
+            false => None,
+            true => {
+                let hidden = encoder.dims().hidden;
+                Some(match self.kind {
+                    Kind::ModernBert => modernbert::head(&root()?, json, hidden).map_err(weights)?,
+                    _ => mpnet::head(&root()?, hidden).map_err(weights)?,
+                })
+            }
+        };
+        Ok(Box::new(Transformer { encoder, pooling, contracts, head }))
     }
 
     fn model_type(&self) -> &str {
         self.json.get("model_type").and_then(|t| t.as_str()).unwrap_or("")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Plan;
+
+    /// `Plan::read`'s error for `config.json` holding `json`.
+    fn refusal(json: &str) -> String {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("config.json"), json).expect("write");
+        match Plan::read(dir.path()) {
+            Ok(_) => panic!("{json} was accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn an_architecture_inferd_lacks_is_named_with_the_ones_it_has() {
+        let err = refusal(r#"{"architectures": ["T5EncoderModel"], "model_type": "t5"}"#);
+        assert!(err.contains("[\"T5EncoderModel\"]") && err.contains("\"t5\""), "{err}");
+        assert!(err.contains("MPNet (mpnet)") && err.contains("Qwen3 (qwen3)"), "{err}");
+    }
+
+    #[test]
+    fn contradictory_configurations_name_their_field() {
+        let qwen3 = r#"{"model_type": "qwen3", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "intermediate_size": 64, "vocab_size": 10, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}"#;
+        assert!(refusal(qwen3).contains("rope_scaling: rope type `yarn`"), "{}", refusal(qwen3));
+        let mpnet = r#"{"model_type": "mpnet", "hidden_size": 30, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "intermediate_size": 64, "vocab_size": 10, "max_position_embeddings": 20}"#;
+        assert!(refusal(mpnet).contains("num_attention_heads: 4 heads do not divide hidden_size 30"), "{}", refusal(mpnet));
+        let modernbert = r#"{"model_type": "modernbert", "hidden_size": 32, "num_attention_heads": 4,
+            "num_hidden_layers": 2, "intermediate_size": 64, "vocab_size": 10, "layer_types": ["full_attention"]}"#;
+        assert!(refusal(modernbert).contains("layer_types: 1 entries for 2 layers"), "{}", refusal(modernbert));
+        let gte = r#"{"model_type": "new", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "intermediate_size": 64, "vocab_size": 10, "rope_scaling": {"type": "linear", "factor": 2.0}}"#;
+        assert!(refusal(gte).contains("rope_scaling: rope type `linear`"), "{}", refusal(gte));
+        let nomic = r#"{"model_type": "nomic_bert", "n_embd": 32, "n_head": 4, "n_layer": 2, "vocab_size": 10,
+            "rotary_emb_fraction": 0.5}"#;
+        assert!(refusal(nomic).contains("rotary_emb_fraction: 0.5"), "{}", refusal(nomic));
+        let missing = r#"{"model_type": "qwen3", "hidden_size": 32}"#;
+        assert!(refusal(missing).contains("num_attention_heads: missing"), "{}", refusal(missing));
     }
 }

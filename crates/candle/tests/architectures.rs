@@ -142,3 +142,45 @@ fn nomic_bert_matches_its_reference() {
 fn gte_matches_its_reference() {
     check("gte");
 }
+
+/// A classifier's logits for each reference text, run alone and in one right-padded batch, against transformers'.
+fn check_head(name: &str) {
+    let native: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures().join("references.json")).expect("references"))
+            .expect("JSON");
+    let texts: Vec<String> = parse(&native["texts"]);
+    let fixture = &native["fixtures"][name];
+    let mut config = ModelConfig::load(&fixtures().join(name)).expect("model.toml");
+    config.precision = Some(Precision::Fp32);
+    let mut engine = CandleEngine::load(&config, Precision::Fp32, &[Contract::SequenceScores]).expect("load");
+    let ids: Vec<Vec<i64>> = texts.iter().map(|t| parse(&fixture[t]["ids"])).collect();
+    let want: Vec<Vec<f64>> = texts.iter().map(|t| parse(&fixture[t]["logits"])).collect();
+    let run = |engine: &mut CandleEngine, rows: &[Vec<i64>]| -> Vec<Vec<f32>> {
+        let seq = rows.iter().map(Vec::len).max().unwrap_or(0);
+        let ids: Vec<i64> = rows.iter().flat_map(|r| r.iter().copied().chain(std::iter::repeat(0)).take(seq)).collect();
+        let mask: Vec<i64> = rows.iter().flat_map(|r| (0..seq).map(move |t| i64::from(t < r.len()))).collect();
+        let shape = vec![rows.len(), seq];
+        let tensor = |values: &[i64]| Tensor::from_slice(shape.clone(), values).expect("tensor");
+        let out = engine.run_text(Contract::SequenceScores, &[tensor(&ids), tensor(&mask), tensor(&vec![0; ids.len()])]);
+        let values = out.expect("run").to_vec::<f32>().expect("f32");
+        values.chunks(values.len() / rows.len()).map(<[f32]>::to_vec).collect()
+    };
+    let batched = run(&mut engine, &ids);
+    for (i, (row, want)) in ids.iter().zip(&want).enumerate() {
+        let alone = run(&mut engine, std::slice::from_ref(row)).remove(0);
+        for (got, label) in [(&alone, "alone"), (&batched[i], "batched")] {
+            let worst = got.iter().zip(want).map(|(g, w)| (f64::from(*g) - w).abs()).fold(0.0, f64::max);
+            assert!(worst < 1e-4, "{name}: text {i} {label}: logits {got:?}, want {want:?}");
+        }
+    }
+}
+
+#[test]
+fn modernbert_classifier_matches_transformers() {
+    check_head("modernbert-classifier");
+}
+
+#[test]
+fn mpnet_classifier_matches_transformers() {
+    check_head("mpnet-classifier");
+}

@@ -81,6 +81,10 @@ pub struct TextInfo {
     pub multi_label: bool,
     /// What the engine computes ([`crate::Engine::run_text`]), the one its metadata's output describes first.
     pub contracts: Vec<Contract>,
+    /// sentence-transformers' prompts by name, put before a text (`config_sentence_transformers.json`).
+    pub prompts: BTreeMap<String, String>,
+    /// The prompt a text takes when its request names none.
+    pub default_prompt: Option<String>,
 }
 
 impl TextInfo {
@@ -111,6 +115,8 @@ pub struct TextSettings {
     /// A scoring model's label names, when `model.toml` or the hub's `config.json` names them.
     pub labels: Option<Vec<String>>,
     pub multi_label: bool,
+    pub prompts: BTreeMap<String, String>,
+    pub default_prompt: Option<String>,
 }
 
 /// The few fields of the hub's `config.json` that matter here.
@@ -183,6 +189,21 @@ struct PoolingConfig {
     pooling_mode_weightedmean_tokens: bool,
     #[serde(default)]
     pooling_mode_lasttoken: bool,
+    /// Whether a prompt's tokens are pooled with the text's.
+    #[serde(default = "yes")]
+    include_prompt: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `config_sentence_transformers.json`: the prompts a model was trained with.
+#[derive(Deserialize)]
+struct SentenceTransformersConfig {
+    #[serde(default)]
+    prompts: BTreeMap<String, String>,
+    default_prompt_name: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -258,6 +279,7 @@ impl TextSettings {
             (None, _) => None,
         };
         let multi_label = hub.as_ref().and_then(|h| h.problem_type.as_deref()) == Some("multi_label_classification");
+        let (prompts, default_prompt) = read_prompts(dir, &modules)?;
         Ok(TextSettings {
             tokenizer,
             max_seq_len,
@@ -266,6 +288,8 @@ impl TextSettings {
             vocab_size: hub.and_then(|h| h.vocab_size),
             labels: labels.filter(|_| headed),
             multi_label: multi_label && headed,
+            prompts,
+            default_prompt,
         })
     }
 
@@ -300,6 +324,8 @@ impl TextSettings {
             labels,
             multi_label: self.multi_label,
             contracts,
+            prompts: self.prompts.clone(),
+            default_prompt: self.default_prompt.clone(),
         })
     }
 }
@@ -315,6 +341,29 @@ pub fn contract_output(contract: Contract, width: usize) -> crate::TensorSpec {
     };
     shape.push(i64::try_from(width).unwrap_or(-1));
     crate::TensorSpec { name: name.into(), datatype: crate::DataType::Fp32, shape }
+}
+
+/// The prompts of `config_sentence_transformers.json`, and the default one. A default that names no prompt, or
+/// prompts whose tokens the pooling module leaves out (`include_prompt: false`, which inferd does not do), are
+/// refused.
+fn read_prompts(dir: &Path, modules: &[Module]) -> Result<(BTreeMap<String, String>, Option<String>)> {
+    const FILE: &str = "config_sentence_transformers.json";
+    let Some(c) = read_json::<SentenceTransformersConfig>(dir, FILE)? else { return Ok((BTreeMap::new(), None)) };
+    let path = dir.join(FILE);
+    let default = c.default_prompt_name.filter(|name| !name.is_empty());
+    if let Some(name) = default.as_ref().filter(|name| !c.prompts.contains_key(*name)) {
+        return Err(Error::config(path, format!("default_prompt_name: `{name}` is not one of its prompts")));
+    }
+    let pooling = modules.iter().find(|m| m.kind.ends_with(".Pooling"));
+    let pooled = pooling.map(|m| read_json::<PoolingConfig>(&dir.join(&m.path), "config.json")).transpose()?.flatten();
+    if pooled.is_some_and(|p| !p.include_prompt) && c.prompts.values().any(|p| !p.is_empty()) {
+        return Err(Error::config(
+            path,
+            "prompts: the pooling module leaves the prompt's tokens out (include_prompt: false), which inferd does not \
+             do; remove the prompts to serve the model without them",
+        ));
+    }
+    Ok((c.prompts, default))
 }
 
 /// The pooling that a sentence-transformers pooling module's `config.json` names.

@@ -65,6 +65,8 @@ fn text_batcher_with(observer: Arc<Observed>, hidden_states: bool, config: &Batc
             vocab_size: None,
             labels: Vec::new(),
             multi_label: false,
+            prompts: Default::default(),
+            default_prompt: None,
             contracts: match hidden_states {
                 true => vec![Contract::Pooled, Contract::TokenStates],
                 false => vec![Contract::Pooled],

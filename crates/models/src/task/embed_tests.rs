@@ -48,6 +48,8 @@ fn task_with(dir: &Path, max_seq_len: usize, dimensions: usize, hidden_states: b
             vocab_size: None,
             labels: Vec::new(),
             multi_label: false,
+            prompts: Default::default(),
+            default_prompt: None,
             contracts: match hidden_states {
                 true => vec![Contract::Pooled, Contract::TokenStates],
                 false => vec![Contract::Pooled],

@@ -217,11 +217,14 @@ pub struct TextInput {
     pub truncate: bool,
     /// Cut a long text's start rather than its end (a pair: still the second text first).
     pub truncate_left: bool,
+    /// The model's prompt to put before each text (sentence-transformers' `prompt_name`); `None`: its default
+    /// prompt, if it has one.
+    pub prompt_name: Option<String>,
 }
 
 impl TextInput {
     pub fn new(texts: Texts) -> Self {
-        TextInput { texts, truncate: true, truncate_left: false }
+        TextInput { texts, truncate: true, truncate_left: false, prompt_name: None }
     }
 }
 

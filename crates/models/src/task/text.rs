@@ -93,6 +93,8 @@ impl TextFront {
                 }
             }
             Texts::Ids(lists) => {
+                // Refuses a prompt named with token ids.
+                self.prompt(input)?;
                 let max = self.info.max_seq_len;
                 for (i, ids) in lists.iter().enumerate() {
                     if ids.is_empty() {
@@ -127,13 +129,16 @@ impl TextFront {
         offsets: bool,
     ) -> Result<Vec<Encoding>, TaskError> {
         counted(input, max_rows, what)?;
+        let prompt = self.prompt(input)?;
         match &input.texts {
             Texts::Strings(texts) => texts
                 .iter()
                 .enumerate()
-                .map(|(i, text)| match text.is_empty() {
-                    true => Err(TaskError::Invalid(format!("text {i} is empty: there is nothing to {what}"))),
-                    false => self.encode(text.as_str().into(), input, i, offsets),
+                .map(|(i, text)| match (text.is_empty(), prompt) {
+                    (true, _) => Err(TaskError::Invalid(format!("text {i} is empty: there is nothing to {what}"))),
+                    (false, None) => self.encode(text.as_str().into(), input, i, offsets),
+                    // Tokenized with the text as one string, as sentence-transformers does.
+                    (false, Some(prompt)) => self.encode(format!("{prompt}{text}").into(), input, i, offsets),
                 })
                 .collect(),
             Texts::Pairs(pairs) => pairs
@@ -149,6 +154,40 @@ impl TextFront {
                 .collect(),
             Texts::Ids(_) => Err(TaskError::Invalid(format!(
                 "it needs the texts to {what}, not token ids: their words and spans are read from the text"
+            ))),
+        }
+    }
+
+    /// The prompt to put before each of `input`'s texts: the one it names, or the model's default. A name the model
+    /// does not have is refused with the names it has; so is a name given with pairs or token ids, which take no
+    /// prompt.
+    fn prompt(&self, input: &TextInput) -> Result<Option<&str>, TaskError> {
+        self.prompt_named(input.prompt_name.as_deref(), matches!(input.texts, Texts::Strings(_)))
+    }
+
+    /// The prompt named `name` (or the default) for single texts (`single`), or for pairs or ids.
+    fn prompt_named(&self, name: Option<&str>, single: bool) -> Result<Option<&str>, TaskError> {
+        let prompts = &self.info.prompts;
+        let Some(name) = name else {
+            return Ok(match single {
+                true => self.info.default_prompt.as_ref().and_then(|n| prompts.get(n)).map(String::as_str),
+                false => None,
+            });
+        };
+        if !single {
+            return Err(TaskError::Invalid(format!(
+                "prompt_name `{name}`: a prompt goes before single texts, not pairs or token ids"
+            )));
+        }
+        match prompts.get(name) {
+            Some(prompt) => Ok(Some(prompt.as_str())),
+            None if prompts.is_empty() => Err(TaskError::Invalid(format!(
+                "prompt_name `{name}`: this model has no prompts (its folder has no config_sentence_transformers.json \
+                 naming any); put the prompt's text before the input instead"
+            ))),
+            None => Err(TaskError::Invalid(format!(
+                "prompt_name `{name}` is not one of this model's prompts: {}",
+                prompts.keys().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
             ))),
         }
     }
@@ -225,11 +264,17 @@ impl TextFront {
     }
 
     /// Each text's tokens, with the special tokens when `special`, untruncated. Blocking.
-    pub fn tokens(&self, texts: &[String], special: bool) -> Result<Vec<Vec<Token>>, TaskError> {
+    pub fn tokens(&self, texts: &[String], special: bool, prompt_name: Option<&str>) -> Result<Vec<Vec<Token>>, TaskError> {
+        let prompt = self.prompt_named(prompt_name, true)?;
         texts
             .iter()
             .enumerate()
             .map(|(i, text)| {
+                // With the prompt, as the text is embedded: spans are then in the prompted text.
+                let text = match prompt {
+                    Some(prompt) => format!("{prompt}{text}"),
+                    None => text.clone(),
+                };
                 // `encode`, not `encode_fast`: the spans are wanted here.
                 let encoding = self
                     .tokenizer

@@ -176,7 +176,7 @@ pub struct EmbedRequest {
     /// Which end of a long text is cut (default `right`).
     #[serde(default)]
     truncation_direction: Option<TruncationDirection>,
-    /// A sentence-transformers prompt to prepend: refused, as inferd reads no prompts.
+    /// The model's sentence-transformers prompt to put before each text (its default where none is named).
     #[serde(default)]
     prompt_name: Option<String>,
     /// The embedding's first dimensions only (a Matryoshka model's shorter embedding), renormalised when
@@ -187,17 +187,6 @@ pub struct EmbedRequest {
 
 fn yes() -> bool {
     true
-}
-
-/// Refuses a `prompt_name`: inferd does not read sentence-transformers' prompts, and a prompt silently left out
-/// would change what the client embeds.
-pub(crate) fn no_prompt(prompt_name: Option<&str>) -> Result<(), CodecError> {
-    match prompt_name {
-        None => Ok(()),
-        Some(name) => Err(CodecError::Invalid(format!(
-            "prompt_name `{name}`: this server does not apply prompts; prepend the prompt's text to the input instead"
-        ))),
-    }
 }
 
 /// Which end of a text too long for the model is cut: `right` (the default) or `left`, as TEI takes it (`Right`
@@ -304,8 +293,10 @@ async fn embed_texts(
     let model = model?.serving(state.registry())?;
     let body = body.map_err(body_error)?;
     let build = move |request: EmbedRequest| {
-        no_prompt(request.prompt_name.as_deref())?;
-        let input = text_input(request.inputs.into(), request.truncate, request.truncation_direction);
+        let input = TextInput {
+            prompt_name: request.prompt_name,
+            ..text_input(request.inputs.into(), request.truncate, request.truncation_direction)
+        };
         let request_of = Request::new(Input::Texts(input));
         let request_of = match (per_token, request.dimensions) {
             (true, Some(_)) => {
@@ -348,7 +339,7 @@ pub struct SparseRequest {
     /// Which end of a long text is cut (default `right`).
     #[serde(default)]
     truncation_direction: Option<TruncationDirection>,
-    /// A sentence-transformers prompt to prepend: refused, as inferd reads no prompts.
+    /// The model's sentence-transformers prompt to put before each text (its default where none is named).
     #[serde(default)]
     prompt_name: Option<String>,
 }
@@ -378,8 +369,10 @@ pub(super) async fn embed_sparse(
     let model = model?.serving(state.registry())?;
     let body = body.map_err(body_error)?;
     let build = |request: SparseRequest| {
-        no_prompt(request.prompt_name.as_deref())?;
-        let input = text_input(request.inputs.into(), request.truncate, request.truncation_direction);
+        let input = TextInput {
+            prompt_name: request.prompt_name,
+            ..text_input(request.inputs.into(), request.truncate, request.truncation_direction)
+        };
         Ok((Request::new(Input::Texts(input)), ()))
     };
     serve_json(&state, &model, &hold, Service::EmbedSparse, "embed_sparse", body, build, |served, ()| {
@@ -436,7 +429,7 @@ pub struct SimilarityParameters {
     /// Which end of a long text is cut (default `right`).
     #[serde(default)]
     truncation_direction: Option<TruncationDirection>,
-    /// A sentence-transformers prompt to prepend: refused, as inferd reads no prompts.
+    /// The model's sentence-transformers prompt to put before each text (its default where none is named).
     #[serde(default)]
     prompt_name: Option<String>,
 }
@@ -463,8 +456,10 @@ pub(super) async fn similarity(
         }
         let texts = std::iter::once(source_sentence).chain(sentences).collect();
         let parameters = request.parameters.unwrap_or_default();
-        no_prompt(parameters.prompt_name.as_deref())?;
-        let input = text_input(Texts::Strings(texts), parameters.truncate, parameters.truncation_direction);
+        let input = TextInput {
+            prompt_name: parameters.prompt_name,
+            ..text_input(Texts::Strings(texts), parameters.truncate, parameters.truncation_direction)
+        };
         Ok((Request::new(Input::Texts(input)).with(Normalize(true)), ()))
     };
     serve_json(&state, &model, &hold, Service::Embed, "similarity", body, build, |served, ()| {

@@ -53,7 +53,7 @@ pub struct TokenizeRequest {
     /// Add the model's special tokens (`[CLS]`, `[SEP]`; default true).
     #[serde(default)]
     add_special_tokens: Option<bool>,
-    /// A sentence-transformers prompt to prepend: refused, as inferd reads no prompts.
+    /// The model's sentence-transformers prompt to put before each text (its default where none is named).
     #[serde(default)]
     prompt_name: Option<String>,
 }
@@ -135,12 +135,12 @@ async fn tokenize(
 ) -> Result<Response, TeiFailure> {
     let model = model?.serving(state.registry())?;
     let request: TokenizeRequest = parse(&body.map_err(body_error)?)?;
-    super::no_prompt(request.prompt_name.as_deref()).map_err(AppError::from)?;
     let texts = request.inputs.into_vec();
     check_count(&state, texts.len(), "inputs")?;
     let special = request.add_special_tokens.unwrap_or(true);
+    let prompt = request.prompt_name;
     let task = model.task.clone();
-    let tokens = off_runtime_if(true, move || tokenizer_of(task.as_ref())?.tokens(&texts, special))
+    let tokens = off_runtime_if(true, move || tokenizer_of(task.as_ref())?.tokens(&texts, special, prompt.as_deref()))
         .await?
         .map_err(|e| AppError::from(e).in_model(model.name()))?;
     let tokens: Vec<Vec<SimpleToken>> = tokens
