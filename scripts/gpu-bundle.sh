@@ -103,6 +103,11 @@ for name, value in weights.items():
 save_file(weights, sys.argv[2], metadata={"format": "pt", "inferd": "in FP16, rows past 4096 zeroed, for the GPU bundle"})
 PY
 done
+# The architectures past BERT's family, each a tiny model in its hub layout (tests/data/architectures, some 150 KB
+# each), run in FP32, FP16 and BF16 on the GPU against FP32.
+for name in mpnet modernbert nomic gte qwen3; do
+    cp -r "tests/data/architectures/$name" "$STAGE/models/arch-$name"
+done
 cp tests/data/digits_heldout.json "$STAGE/data/"
 cp scripts/gpu-check.sh scripts/gpu_check.py scripts/gpu_machine.py "$STAGE/"
 {

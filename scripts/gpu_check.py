@@ -44,6 +44,10 @@ MINILM_COSINE = {"fp32": 0.99999, "fp16": 0.999}
 SPLADE_COSINE = {"fp32": 0.99999, "fp16": 0.999}
 # Largest |gpu - cpu| of a token's label probability.
 NER_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
+# The transformer architectures past BERT's family (tests/data/architectures: tiny models of each), and the smallest
+# cosine between a text's vector on the GPU and in FP32 (the GPU's FP32 against the CPU's).
+ARCHITECTURES = ("mpnet", "modernbert", "nomic", "gte", "qwen3")
+ARCHITECTURE_COSINE = {"fp32": 0.99999, "fp16": 0.999, "bf16": 0.999}
 FIGURE = "figure"
 
 
@@ -333,6 +337,27 @@ def check_task_outputs(table, server, task, precision):
               f"entities of the first text {'the same' if agree else 'differ'}")
 
 
+def check_architecture(table, server, name):
+    """(b) for each architecture: its GPU FP32 vectors against the CPU's, and its FP16 and BF16 ones against the GPU's
+    FP32, text by text (pooled as the folder says, not normalised), and each token's state likewise."""
+    models = [f"arch-{name}-cpu"] + [f"arch-{name}-gpu-{p}" for p in ("fp32", "fp16", "bf16")]
+    pooled, tokens = {}, {}
+    for model in models:
+        answers = [http(server.base, f"/models/{model}/{route}", {"inputs": SENTENCES, "normalize": False})
+                   for route in ("embed", "embed_all")]
+        if any(status != 200 for status, _ in answers):
+            return table.add("outputs", model, False, "; ".join(str(a)[:200] for _, a in answers))
+        pooled[model], tokens[model] = answers[0][1], answers[1][1]
+    for model, precision in zip(models[1:], ("fp32", "fp16", "bf16")):
+        want = models[0] if precision == "fp32" else models[1]
+        worst = min(cosine(g, w) for g, w in zip(pooled[model], pooled[want]))
+        worst_token = min(cosine(g, w) for gt, wt in zip(tokens[model], tokens[want]) for g, w in zip(gt, wt))
+        floor = ARCHITECTURE_COSINE[precision]
+        table.add("outputs", f"{model} vs {want}", worst >= floor and len(pooled[model]) == len(SENTENCES),
+                  f"lowest cosine {worst:.6f} over {len(SENTENCES)} texts (at least {floor}); per token "
+                  f"{worst_token:.6f}")
+
+
 def engine_bench(table, plan, bundle, repo, model, env, results, variant=""):
     """(c): `inferd-bench engine` at each batch size; returns {batch: rows/s}."""
     name = f"engine-{model}" + (f"-{variant.split()[0]}" if variant else "")
@@ -450,6 +475,12 @@ def check(table, plan, bundle, results):
     for task in tasks:
         add(task, f"{task}-cpu", "cpu", "fp32")
         add(task, f"{task}-gpu-fp16", plan.gpu, "fp16")
+    # The architectures past BERT's family, tiny, on candle: FP32, FP16 and BF16 on the GPU.
+    architectures = [a for a in ARCHITECTURES if os.path.exists(os.path.join(models, f"arch-{a}", "model.safetensors"))]
+    for name in architectures:
+        add(f"arch-{name}", f"arch-{name}-cpu", "cpu", "fp32")
+        for p in ("fp32", "fp16", "bf16"):
+            add(f"arch-{name}", f"arch-{name}-gpu-{p}", plan.gpu, p)
     ort = None if plan.rehearse else onnxruntime_gpu()
     if ort:
         add("digits", "digits-onnx-cpu", "cpu", "fp32")
@@ -478,6 +509,8 @@ def check(table, plan, bundle, results):
             check_outputs(table, server, pixels, [("digits-onnx-gpu", "fp32")], "digits-onnx-cpu", "digits")
         for task in tasks:
             check_task_outputs(table, server, task, "fp16")
+        for name in architectures:
+            check_architecture(table, server, name)
         # Each load's growth of the process's GPU memory is that model's: the arena it grew under 64 clients.
         for model, protocol in [("digits-gpu-fp32", "predict")] + ([("minilm-gpu-fp16", "embed")] if minilm else []):
             before = None if plan.rehearse else process_gpu_mib(server.proc.pid)
@@ -493,7 +526,7 @@ def check(table, plan, bundle, results):
 
     rates = {}
     for name in served:
-        if not name.startswith(("digits-onnx", "splade", "ner")):
+        if not name.startswith(("digits-onnx", "splade", "ner", "arch-")):
             rates[name] = engine_bench(table, plan, bundle, repo, name, env, results)
     # inferd gives each cuBLAS handle 8 MiB of workspace where cuBLAS would give 64 (one handle per candle model
     # instance): the same engines with cuBLAS's own size, to check that the memory saved costs no speed.

@@ -12,6 +12,9 @@ BINARY = pathlib.Path(os.environ.get("INFERD_BIN", ROOT / "target" / "debug" / "
 BENCH = pathlib.Path(os.environ.get("INFERD_BENCH_BIN", ROOT / "target" / "debug" / "inferd-bench")).resolve()
 
 
+ARCHITECTURES = ("mpnet", "modernbert", "nomic", "gte", "qwen3")
+
+
 def rows(table):
     """The table's rows as (check, subject, result, figure)."""
     lines = [line for line in table.splitlines()[2:] if line.startswith("|")]
@@ -26,6 +29,8 @@ def test_the_gpu_check_rehearses_every_step_it_can_on_the_cpu(tmp_path):
     (bundle / "bin" / "inferd-bench").symlink_to(BENCH)
     for model in ("digits-candle", "minilm", "splade", "ner"):
         (bundle / "models" / model).symlink_to(ROOT / "models" / model)
+    for name in ARCHITECTURES:
+        (bundle / "models" / f"arch-{name}").symlink_to(ROOT / "tests" / "data" / "architectures" / name)
     (bundle / "data" / "digits_heldout.json").symlink_to(ROOT / "tests" / "data" / "digits_heldout.json")
     (bundle / "MANIFEST").write_text("a rehearsal\n")
     results = tmp_path / "results"
@@ -45,6 +50,11 @@ def test_the_gpu_check_rehearses_every_step_it_can_on_the_cpu(tmp_path):
     # The tasks past embeddings: sparse embeddings and token classification, in FP16 on the GPU.
     for task in ("splade", "ner"):
         assert results_by_subject[("outputs", f"{task}-gpu-fp16 vs {task}-cpu")] == "pass", table
+    # Each architecture past BERT's family in FP32 against the CPU, in FP16 and BF16 against FP32.
+    for name in ARCHITECTURES:
+        for precision, want in (("fp32", "cpu"), ("fp16", "gpu-fp32"), ("bf16", "gpu-fp32")):
+            subject = f"arch-{name}-gpu-{precision} vs arch-{name}-{want}"
+            assert results_by_subject[("outputs", subject)] == "pass", table
     for model in ("digits-gpu-fp32", "minilm-gpu-fp16"):
         assert results_by_subject[("http c=4", model)] == "pass", table
     engine = [subject for check, subject, result, _ in got if check == "engine rows/s" and result == "pass"]

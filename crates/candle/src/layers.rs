@@ -40,7 +40,15 @@ pub(crate) fn attention(
         group => (repeat_heads(k, group)?, repeat_heads(v, group)?),
     };
     let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(bias)?;
-    candle_nn::ops::softmax_last_dim(&scores)?.matmul(&v)
+    // candle's CPU softmax sums in the scores' dtype: over hundreds of keys, BF16's 8 bits lose the weights (a
+    // 512-token text's states fell to a cosine of 0.90 with FP32's). Its CUDA kernel sums in F32 already.
+    let probabilities = match (scores.device().is_cpu(), scores.dtype()) {
+        (true, dtype @ (DType::BF16 | DType::F16)) => {
+            candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?.to_dtype(dtype)?
+        }
+        _ => candle_nn::ops::softmax_last_dim(&scores)?,
+    };
+    probabilities.matmul(&v)
 }
 
 /// Each of `[rows, kv_heads, seq, dim]`'s heads `group` times in a row: `[rows, kv_heads × group, seq, dim]`.
