@@ -5,6 +5,8 @@
 # serving `digits` alone (a model of 39 KB: the server itself), set against its weight files' size. One run, release
 # build; a model's load is its own protocol (tensors, embed, rerank, TEI's predict, a picture).
 #   LOAD=60 AFTER=60 MODELS="digits minilm-int8" ./benches/memory.sh
+# A MODELS entry with a slash is a folder elsewhere: MODELS="digits .cache/bench-architectures/mpnet" measures the
+# architecture benchmark's models (benches/make_architectures.py).
 # INFERD=path measures another build of the server (an A/B), the load generator still this tree's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +32,7 @@ echo '{"inputs": ["the server is fast", "it is slow and it breaks", "nothing to 
 load() {
     local model=$1 clients=$2 args
     case $model in
-        minilm*) args=(--protocol embed --rows 4) ;;
+        minilm* | mpnet | modernbert | nomic | gte | qwen3) args=(--protocol embed --rows 4) ;;
         reranker) args=(--protocol rerank --rows 8) ;;
         classifier) args=(--body "$work/classify.json" --path /models/classifier/predict) ;;
         orientation) args=(--protocol image --body tests/data/photos/rocket.jpg) ;;
@@ -79,7 +81,11 @@ measure() {
 
 : >"$OUT/memory.jsonl"
 for model in $MODELS; do
-    measure "$model" "models/$model" "$model"
+    case $model in
+        # A folder elsewhere (the architecture benchmark's models: .cache/bench-architectures/NAME).
+        */*) measure "$(basename "$model")" "$model" "$(basename "$model")" ;;
+        *) measure "$model" "models/$model" "$model" ;;
+    esac
 done
 if [ "$REPOSITORY" = yes ]; then
     measure repository models digits minilm minilm-int8 orientation

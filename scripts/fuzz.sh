@@ -16,7 +16,8 @@ targets=("$@")
 tools=$PWD/.cache/tools
 if [ ! -x "$tools/bin/cargo-fuzz" ]; then
     echo "fuzz: installing cargo-fuzz 0.13.1 into $tools" >&2
-    cargo install --quiet --locked --root "$tools" cargo-fuzz --version 0.13.1
+    # Unoptimised: it only drives cargo and libFuzzer, so its own build need not be optimised.
+    cargo install --quiet --locked --debug --root "$tools" cargo-fuzz --version 0.13.1
 fi
 export PATH="$tools/bin:$PATH"
 cd fuzz

@@ -39,8 +39,10 @@ FEATURES=inferd-server/cuda,inferd-benches/cuda,inferd-candle/cuda
 # memory limits) and the NVML probe against nvidia-smi.
 artifacts=$(mktemp)
 trap 'rm -f "$artifacts"' EXIT
-cargo build --locked --release --target-dir "$TARGET_DIR" -p inferd-server -p inferd-benches -p inferd-candle \
-    --features "$FEATURES" --bins --test engine --test nvml --message-format json-render-diagnostics >"$artifacts"
+# Without debug line tables: the bundle strips every binary, and the build is the test command's longest.
+CARGO_PROFILE_RELEASE_DEBUG=false cargo build --locked --release --target-dir "$TARGET_DIR" -p inferd-server \
+    -p inferd-benches -p inferd-candle --features "$FEATURES" --bins --test engine --test nvml \
+    --message-format json-render-diagnostics >"$artifacts"
 mapfile -t built < <(python3 - "$artifacts" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):

@@ -13,32 +13,50 @@
 #     local run; CI never sets it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
-cargo test --locked --workspace --all-targets "$@"
+# Each step's wall time, printed as it ends and together at the end (and on a failure): where a fresh clone's time
+# goes.
+timings=()
+started=$SECONDS
+step() { # step NAME COMMAND...: runs COMMAND, timed
+    local name=$1 from=$SECONDS
+    shift
+    "$@"
+    timings+=("$(printf '%5d s  %s' $((SECONDS - from)) "$name")")
+    echo "test: $name took $((SECONDS - from)) s" >&2
+}
+report() {
+    local status=$?
+    echo "test: steps (exit $status, $((SECONDS - started)) s in all):" >&2
+    printf '  %s\n' "${timings[@]}" >&2
+}
+trap report EXIT
+
+step "set-up" ./scripts/setup.sh
+step "cargo test" cargo test --locked --workspace --all-targets "$@"
 # Each cargo fuzz target for a few seconds, from its seeds and the corpus grown so far: long runs are
 # scripts/fuzz.sh's, by hand.
-./scripts/fuzz.sh "${INFERD_FUZZ_SECONDS:-10}"
+step "fuzz" ./scripts/fuzz.sh "${INFERD_FUZZ_SECONDS:-10}"
 # The load generator, which the Python tests drive against the server. Built with the whole workspace's targets, so
 # that Cargo resolves features as it did for the tests and reuses their build: `-p inferd-benches` alone resolved them
 # anew and compiled 84 crates again (3.7 minutes on a fresh clone).
-cargo build --locked --workspace --all-targets
+step "cargo build" cargo build --locked --workspace --all-targets
 
-./scripts/venv.sh .venv tests/python/requirements.txt
-./scripts/fetch-test-models.sh
+step "python venv" ./scripts/venv.sh .venv tests/python/requirements.txt
+step "test models" ./scripts/fetch-test-models.sh
 # Triton's perf_analyzer, which tests/python/test_perf_analyzer.py drives against inferd's gRPC endpoint.
-./scripts/fetch-perf-analyzer.sh
-INFERD_BIN=target/debug/inferd .venv/bin/python -m pytest -q -p no:cacheprovider tests/python
+step "perf_analyzer" ./scripts/fetch-perf-analyzer.sh
+INFERD_BIN=target/debug/inferd step "python tests" .venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
 # The CPU image, built from docker/Dockerfile.cpu with buildah on stand-in base images and run
 # (scripts/image-check.sh; about 15 minutes the first time, a few after).
 if [ "${INFERD_SKIP_IMAGE_CHECK:-0}" = 1 ]; then
     echo "test: INFERD_SKIP_IMAGE_CHECK=1: the CPU image is not built" >&2
 else
-    ./scripts/image-check.sh
+    step "cpu image" ./scripts/image-check.sh
 fi
 
 if [ "${INFERD_SKIP_GPU_BUNDLE:-0}" = 1 ]; then
     echo "test: INFERD_SKIP_GPU_BUNDLE=1: the GPU bundle is not built" >&2
 else
-    ./scripts/gpu-bundle.sh
+    step "gpu bundle" ./scripts/gpu-bundle.sh
 fi

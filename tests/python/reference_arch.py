@@ -1,5 +1,6 @@
-"""Float64 numpy references for two embedding architectures that `transformers` does not ship (they run as remote
-code from the hub): NomicBERT (`model_type` "nomic_bert", nomic-ai/nomic-embed-text-v1 / v1.5) and Alibaba's GTE "new"
+"""Float64 numpy references for MPNet (transformers' MPNetModel, for the real all-mpnet-base-v2 weights, itself
+checked against transformers on the tiny fixture) and for two embedding architectures that `transformers` does not
+ship (they run as remote code from the hub): NomicBERT (`model_type` "nomic_bert", nomic-ai/nomic-embed-text-v1 / v1.5) and Alibaba's GTE "new"
 architecture (`model_type` "new", Alibaba-NLP/gte-base-en-v1.5, gte-large-en-v1.5, gte-multilingual-base).
 
 `forward(folder, ids)` reads `config.json` and `model.safetensors` from a hub-layout folder and returns the last
@@ -324,7 +325,53 @@ def gte_forward(config, tensors, ids, token_type_ids=None):
     return h
 
 
-ARCHITECTURES = {"nomic_bert": nomic_forward, "new": gte_forward}
+# ----------------------------------------------------------------------------------------------------------------- mpnet
+def mpnet_bucket(relative, buckets=32, max_distance=128):
+    """T5's bucket of a key `relative` positions after its query (transformers' MPNet computes it with 32 buckets,
+    whatever the table holds): half the buckets per direction (keys after the query in the upper half), exact below a
+    quarter, then logarithmic up to `max_distance`, in float32 and truncated as torch does."""
+    half = buckets // 2
+    n = -relative
+    out = half if n < 0 else 0
+    n = abs(n)
+    exact = half // 2
+    if n < exact:
+        return out + n
+    large = exact + int(np.float32(np.log(np.float32(n) / np.float32(exact)))
+                        / np.float32(math.log(max_distance / exact)) * np.float32(half - exact))
+    return out + min(large, half - 1)
+
+
+def mpnet_forward(config, tensors, ids, token_type_ids=None):
+    """MPNet (transformers' MPNetModel): word embeddings plus learned positions numbered from pad_token_id + 1,
+    LayerNorm; post-norm layers (q, k, v, o with biases; the scores over sqrt(head_dim) plus a per-head bias looked up
+    by the query-to-key distance's bucket; LayerNorm(attention + input); exact GELU MLP; LayerNorm(mlp + input))."""
+    del token_type_ids  # MPNet has no token types.
+    ids = np.asarray(ids)
+    t = len(ids)
+    heads, eps = config["num_attention_heads"], config.get("layer_norm_eps", 1e-5)
+    pad = config.get("pad_token_id", 1)
+    x = tensors["embeddings.word_embeddings.weight"][ids] + tensors["embeddings.position_embeddings.weight"][
+        np.arange(t) + pad + 1]
+    x = layer_norm(x, tensors["embeddings.LayerNorm.weight"], tensors["embeddings.LayerNorm.bias"], eps)
+    table = tensors["encoder.relative_attention_bias.weight"]  # [buckets, heads]
+    buckets = np.array([[mpnet_bucket(k - q) for k in range(t)] for q in range(t)])
+    bias = table[buckets].transpose(2, 0, 1)  # [heads, q, k]
+    d = x.shape[-1] // heads
+    for i in range(config["num_hidden_layers"]):
+        p = f"encoder.layer.{i}."
+        q, k, v = (linear(x, tensors, p + f"attention.attn.{n}").reshape(t, heads, d) for n in "qkv")
+        scores = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(d) + bias
+        context = np.einsum("hqk,khd->qhd", softmax(scores, -1), v).reshape(t, heads * d)
+        x = layer_norm(linear(context, tensors, p + "attention.attn.o") + x, tensors[p + "attention.LayerNorm.weight"],
+                       tensors[p + "attention.LayerNorm.bias"], eps)
+        inner = gelu(linear(x, tensors, p + "intermediate.dense"))
+        x = layer_norm(linear(inner, tensors, p + "output.dense") + x, tensors[p + "output.LayerNorm.weight"],
+                       tensors[p + "output.LayerNorm.bias"], eps)
+    return x
+
+
+ARCHITECTURES = {"nomic_bert": nomic_forward, "new": gte_forward, "mpnet": mpnet_forward}
 
 
 def forward(folder, ids, token_type_ids=None):

@@ -6,8 +6,9 @@ numpy reference of tests/python/reference_arch.py (NomicBERT, GTE: make_remote.p
 
 Per token through TEI's /embed_all; pooled (each folder's own pooling: mean, CLS or last token) and normalised through
 TEI's /embed, OpenAI's client and tritonclient over HTTP and gRPC; every pooling mode by model.toml; prompts by name
-and by default; a text's vector alone and inside a mixed batch of 64; ModernBERT's and MPNet's classifiers; and
-folders inferd cannot run refused with the reason while the others serve."""
+and by default; a text's vector alone and inside a mixed batch of 64; ModernBERT's and MPNet's classifiers; the real
+all-mpnet-base-v2 from its PyPI wheels against the numpy reference; and folders inferd cannot run refused with the
+reason while the others serve."""
 
 import concurrent.futures
 import json
@@ -20,7 +21,9 @@ import openai
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tokenizers import Tokenizer
 
+import reference_arch
 from conftest import ROOT, post, start_inferd
 
 FIXTURES = ROOT / "tests" / "data" / "architectures"
@@ -209,3 +212,34 @@ def test_folders_inferd_cannot_run_fail_with_the_reason_while_the_others_serve(t
         assert "num_attention_heads: 5 heads do not divide hidden_size 32" in reasons["heads"], reasons["heads"]
         status, got = post(f"http://{address}/models/gte/embed", {"inputs": TEXTS[:2]})
         assert status == 200, got
+
+
+def test_the_numpy_mpnet_reference_matches_transformers():
+    """The reference the real MPNet weights are checked against, itself checked on the tiny model."""
+    for text in TEXTS:
+        fixture = NATIVE["fixtures"]["mpnet"][text]
+        got = reference_arch.forward(FIXTURES / "mpnet", fixture["ids"])
+        np.testing.assert_allclose(got, fixture["hidden"], atol=1e-7)
+
+
+def test_all_mpnet_base_v2_real_weights(tmp_path):
+    """sentence-transformers' all-mpnet-base-v2 as its hub folder ships (scripts/fetch-test-models.sh): TEI's and
+    OpenAI's embeddings against the float64 reference, and its sense (paraphrases closer than unrelated texts)."""
+    folder = ROOT / "tests" / "data" / "third-party" / "all-mpnet-base-v2"
+    texts = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.",
+             "Dynamic batching groups concurrent requests so that the accelerator stays busy."]
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    want = np.array([unit(reference_arch.forward(folder, tokenizer.encode(t).ids).mean(0)) for t in texts])
+    (tmp_path / "all-mpnet-base-v2").symlink_to(folder)
+    with start_inferd(tmp_path) as address:
+        status, got = post(f"http://{address}/models/all-mpnet-base-v2/embed", {"inputs": texts})
+        assert status == 200, got
+        client = openai.OpenAI(base_url=f"http://{address}/v1", api_key="unused", max_retries=0)
+        openai_got = [d.embedding for d in client.embeddings.create(model="all-mpnet-base-v2", input=texts).data]
+    assert np.shape(got) == (len(texts), 768)
+    assert cosines(got, want).min() >= 0.99999
+    assert cosines(openai_got, want).min() >= 0.99999
+    similarity = np.array(got) @ np.array(got).T
+    assert similarity[0, 1] > 0.6 > similarity[0, 2] and similarity[0, 1] > similarity[0, 3], similarity
