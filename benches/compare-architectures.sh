@@ -15,7 +15,7 @@ WARMUP=${WARMUP:-2}
 ROUNDS=${ROUNDS:-3}
 OUT=${OUT:-benches/results}
 PORT=${PORT:-18080}
-NAMES=${NAMES:-mpnet modernbert nomic gte qwen3}
+NAMES=${NAMES:-minilm mpnet modernbert nomic gte qwen3}
 MODELS=${MODELS:-.cache/bench-architectures}
 mkdir -p "$OUT"
 
@@ -28,6 +28,8 @@ INFERD=target/release/inferd
 . benches/lib.sh
 work=$(mktemp -d)
 trap 'stop_server; rm -rf "$work"' EXIT
+# BERT's family at the same size, for comparison: all-MiniLM-L6-v2 itself.
+ln -sfn "$(realpath models/minilm)" "$MODELS/minilm"
 for name in $NAMES; do
     # The same model in BF16, for the engine's comparison.
     mkdir -p "$work/$name-bf16"

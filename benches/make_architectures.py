@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Write the architecture benchmark models: each tiny model of tests/data/architectures (MPNet, ModernBERT,
 NomicBERT, GTE, Qwen3) grown to MiniLM's size (hidden 384, 6 layers, intermediate 1536, heads of 64; Qwen3 with 2
-key-value heads; ModernBERT's local window 128 every layer but each third), with fixed-seed random weights under the
-same tensor names and the same folder files (tokenizer, pooling, prompts). Random weights compute as trained ones do:
-the benchmarks measure speed and memory, never answers. Deterministic: the same bytes on every run.
+key-value heads; ModernBERT's local window 128 every layer but each third) and given MiniLM's tokenizer and vocabulary
+(30,522 WordPiece tokens: the tiny models' few hundred tokens would cut the benchmark's sentences into characters),
+with fixed-seed random weights under the same tensor names and the same folder files (pooling, prompts). Random
+weights compute as trained ones do: the benchmarks measure speed and memory, never answers. Deterministic: the same
+bytes on every run.
 
 Run: python3 benches/make_architectures.py OUT    (needs numpy and safetensors: benches/python/requirements-models.txt)
 Writes OUT/<name>/ for each architecture, a model repository.
@@ -27,9 +29,13 @@ TINY_HIDDEN, TINY_INTERMEDIATE, TINY_HEAD_DIM = 32, 64, 8
 SEED = 384
 
 
+VOCAB = 30522
+TOKENIZER = ROOT / "models" / "minilm" / "tokenizer.json"
+
+
 def config(name, tiny):
-    """The tiny config.json grown to the benchmark's sizes."""
-    c = dict(tiny)
+    """The tiny config.json grown to the benchmark's sizes, with MiniLM's vocabulary."""
+    c = dict(tiny, vocab_size=VOCAB)
     heads = HIDDEN // HEAD_DIM
     if name == "nomic":
         c.update(n_embd=HIDDEN, n_inner=INTERMEDIATE, n_layer=LAYERS, n_head=heads)
@@ -47,6 +53,8 @@ def shape(name, tensor, tiny_shape):
     """A tiny tensor's shape at the benchmark's sizes: each dimension by the size it stands for."""
     if tensor.endswith("relative_attention_bias.weight"):  # [buckets, heads]
         return [tiny_shape[0], HIDDEN // HEAD_DIM]
+    if re.search(r"(word_embeddings|tok_embeddings|embed_tokens)\.weight$", tensor):  # [vocab, hidden]
+        return [VOCAB, HIDDEN]
     grown = {
         TINY_HIDDEN: HIDDEN,
         TINY_INTERMEDIATE: INTERMEDIATE,
@@ -88,6 +96,9 @@ def main(out):
         folder = out / name
         shutil.rmtree(folder, ignore_errors=True)
         shutil.copytree(FIXTURES / name, folder)
+        for extra in ["tokenizer_config.json", "special_tokens_map.json"]:
+            (folder / extra).unlink(missing_ok=True)
+        shutil.copy(TOKENIZER, folder / "tokenizer.json")
         tiny_config = json.loads((FIXTURES / name / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps(config(name, tiny_config), indent=2))
         tiny = load_file(str(FIXTURES / name / "model.safetensors"))

@@ -1,7 +1,7 @@
 """The transformer architectures beyond BERT's family on candle, through the clients people use, against references
 computed apart from inferd: the tiny models of tests/data/architectures (hub folders: config.json, tokenizer.json,
 modules.json, 1_Pooling, config_sentence_transformers.json), whose last hidden states for each text, run alone, were
-computed in float64 by transformers (MPNet, ModernBERT, Qwen3: tests/data/architectures/make_native.py) or by the
+computed in float64 by transformers (MPNet, ModernBERT, Qwen3 with and without a sliding window: tests/data/architectures/make_native.py) or by the
 numpy reference of tests/python/reference_arch.py (NomicBERT, GTE: make_remote.py).
 
 Per token through TEI's /embed_all; pooled (each folder's own pooling: mean, CLS or last token) and normalised through
@@ -30,9 +30,10 @@ FIXTURES = ROOT / "tests" / "data" / "architectures"
 NATIVE = json.loads((FIXTURES / "references.json").read_text())
 REMOTE = json.loads((FIXTURES / "references_remote.json").read_text())
 TEXTS = NATIVE["texts"]
-EMBEDDERS = ["mpnet", "modernbert", "qwen3", "nomic", "gte"]
+EMBEDDERS = ["mpnet", "modernbert", "qwen3", "qwen3-sliding", "nomic", "gte"]
 # Each folder's pooling (1_Pooling/config.json) and normalisation (modules.json), as its README says.
-POOLING = {"mpnet": "mean", "modernbert": "mean", "qwen3": "last_token", "nomic": "mean", "gte": "cls"}
+POOLING = {"mpnet": "mean", "modernbert": "mean", "qwen3": "last_token", "qwen3-sliding": "last_token", "nomic": "mean",
+           "gte": "cls"}
 
 
 def states(name, key="hidden"):

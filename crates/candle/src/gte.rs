@@ -4,10 +4,13 @@
 //! gives the value first, then the gate.
 
 use candle_core::{Module, Tensor};
-use candle_nn::{Activation, Embedding, LayerNorm, Linear, RmsNorm, VarBuilder};
+use candle_nn::{Activation, LayerNorm, Linear, RmsNorm, VarBuilder};
 
 use crate::batch::Batch;
-use crate::layers::{attention, field, field_or, gated, linear, merge_heads, rotate, split_heads, under, RopeSettings, Rotary};
+use crate::layers::{
+    attention, field, field_or, gated, hidden_and_heads, linear, merge_heads, rotate, split_heads, under, RopeSettings,
+    Rotary, TokenEmbeddings,
+};
 use crate::transformer::{Dims, Encoder};
 
 pub(crate) struct Config {
@@ -26,13 +29,7 @@ pub(crate) struct Config {
 
 impl Config {
     pub(crate) fn read(json: &serde_json::Value) -> Result<Config, String> {
-        let hidden: usize = field(json, "hidden_size")?;
-        let heads: usize = field(json, "num_attention_heads")?;
-        if heads == 0 || hidden % heads != 0 || (hidden / heads) % 2 != 0 {
-            return Err(format!(
-                "num_attention_heads: {heads} heads do not divide hidden_size {hidden} into heads of an even size"
-            ));
-        }
+        let (hidden, heads) = hidden_and_heads(json, ["hidden_size", "num_attention_heads"], true)?;
         let positions: String = field_or(json, "position_embedding_type", "rope".to_owned())?;
         if positions != "rope" {
             return Err(format!("position_embedding_type: `{positions}`; inferd runs this architecture with rope"));
@@ -109,8 +106,7 @@ struct Layer {
 }
 
 pub(crate) struct Gte {
-    words: Embedding,
-    token_types: Option<Embedding>,
+    embeddings: TokenEmbeddings,
     norm: Norm,
     layers: Vec<Layer>,
     rotary: Rotary,
@@ -152,11 +148,7 @@ impl Gte {
             _ => (c.theta, 1.0),
         };
         Ok(Gte {
-            words: candle_nn::embedding(c.dims.vocab, h, e.pp("word_embeddings"))?,
-            token_types: match c.dims.token_types {
-                0 => None,
-                n => Some(candle_nn::embedding(n, h, e.pp("token_type_embeddings"))?),
-            },
+            embeddings: TokenEmbeddings::load(c.dims, e.clone())?,
             norm: Norm::load(c, e.pp("LayerNorm"))?,
             layers,
             rotary: Rotary::scaled(head_dim, theta, divisor, vb.device())?,
@@ -172,12 +164,7 @@ impl Encoder for Gte {
 
     fn encode(&self, batch: &Batch) -> candle_core::Result<Tensor> {
         let c = &self.config;
-        let x = self.words.forward(&batch.ids)?;
-        let x = match &self.token_types {
-            Some(types) => (x + types.forward(&batch.types)?)?,
-            None => x,
-        };
-        let mut x = self.norm.forward(&x)?;
+        let mut x = self.norm.forward(&self.embeddings.forward(batch)?)?;
         let dtype = x.dtype();
         let (cos, sin) = self.rotary.cos_sin(&batch.positions(0, 0)?, dtype)?;
         let mask = batch.key_mask(dtype)?;

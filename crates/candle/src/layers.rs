@@ -2,7 +2,10 @@
 //! embeddings, linear layers with or without bias, and reading a tensor under the names checkpoints give it.
 
 use candle_core::{DType, Device, Module, Tensor, D};
-use candle_nn::{Linear, VarBuilder};
+use candle_nn::{Embedding, Linear, VarBuilder};
+
+use crate::batch::Batch;
+use crate::transformer::Dims;
 
 /// A linear layer of `inputs → outputs`, with its bias where `bias` says the checkpoint has one.
 pub(crate) fn linear(inputs: usize, outputs: usize, bias: bool, vb: VarBuilder) -> candle_core::Result<Linear> {
@@ -166,6 +169,50 @@ impl RopeSettings {
                 "rope_scaling: rope type `{kind}` is not supported for this architecture (inferd runs the default rotary \
                  embedding)"
             )),
+        }
+    }
+}
+
+/// `hidden_size` and `num_attention_heads` (or the architecture's own keys), checked: the heads divide the hidden size,
+/// into heads of an even size where a rotary embedding pairs their dimensions.
+pub(crate) fn hidden_and_heads(
+    json: &serde_json::Value,
+    [hidden_key, heads_key]: [&str; 2],
+    rotary: bool,
+) -> Result<(usize, usize), String> {
+    let hidden: usize = field(json, hidden_key)?;
+    let heads: usize = field(json, heads_key)?;
+    if heads == 0 || hidden % heads != 0 || (rotary && (hidden / heads) % 2 != 0) {
+        let even = if rotary { " of an even size" } else { "" };
+        return Err(format!("{heads_key}: {heads} heads do not divide {hidden_key} {hidden} into heads{even}"));
+    }
+    Ok((hidden, heads))
+}
+
+/// A token's embedding: its word's, plus its segment's where the model has token types.
+pub(crate) struct TokenEmbeddings {
+    words: Embedding,
+    types: Option<Embedding>,
+}
+
+impl TokenEmbeddings {
+    /// `word_embeddings` and, with token types, `token_type_embeddings` under `vb`.
+    pub(crate) fn load(dims: Dims, vb: VarBuilder) -> candle_core::Result<TokenEmbeddings> {
+        Ok(TokenEmbeddings {
+            words: candle_nn::embedding(dims.vocab, dims.hidden, vb.pp("word_embeddings"))?,
+            types: match dims.token_types {
+                0 => None,
+                n => Some(candle_nn::embedding(n, dims.hidden, vb.pp("token_type_embeddings"))?),
+            },
+        })
+    }
+
+    /// `[rows, seq, hidden]` in the model's dtype.
+    pub(crate) fn forward(&self, batch: &Batch) -> candle_core::Result<Tensor> {
+        let words = self.words.forward(&batch.ids)?;
+        match &self.types {
+            Some(types) => words + types.forward(&batch.types)?,
+            None => Ok(words),
         }
     }
 }

@@ -8,7 +8,9 @@ use candle_core::{Module, Tensor};
 use candle_nn::{Activation, Embedding, LayerNorm, LayerNormConfig, Linear, VarBuilder};
 
 use crate::batch::Batch;
-use crate::layers::{attention, field, field_or, gated, linear, merge_heads, rotate, under, RopeSettings, Rotary};
+use crate::layers::{
+    attention, field, field_or, gated, hidden_and_heads, linear, merge_heads, rotate, under, RopeSettings, Rotary,
+};
 use crate::transformer::{last_linear, Dims, Encoder, Head};
 
 const GLOBAL: &str = "full_attention";
@@ -33,13 +35,7 @@ pub(crate) struct Config {
 
 impl Config {
     pub(crate) fn read(json: &serde_json::Value) -> Result<Config, String> {
-        let hidden: usize = field(json, "hidden_size")?;
-        let heads: usize = field(json, "num_attention_heads")?;
-        if heads == 0 || hidden % heads != 0 || (hidden / heads) % 2 != 0 {
-            return Err(format!(
-                "num_attention_heads: {heads} heads do not divide hidden_size {hidden} into heads of an even size"
-            ));
-        }
+        let (hidden, heads) = hidden_and_heads(json, ["hidden_size", "num_attention_heads"], true)?;
         let layers: usize = field(json, "num_hidden_layers")?;
         let local = match field_or::<Option<Vec<String>>>(json, "layer_types", None)? {
             Some(types) if types.len() != layers => {

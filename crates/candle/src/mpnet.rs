@@ -7,7 +7,7 @@ use candle_core::{Module, Tensor};
 use candle_nn::{Activation, Embedding, LayerNorm, Linear, VarBuilder};
 
 use crate::batch::Batch;
-use crate::layers::{attention, field, field_or, linear, merge_heads, split_heads, under};
+use crate::layers::{attention, field, field_or, hidden_and_heads, linear, merge_heads, split_heads, under};
 use crate::transformer::{last_linear, Dims, Encoder, Head};
 
 /// The distance past which every bucket is the last of its direction, as MPNet fixes it.
@@ -29,11 +29,7 @@ pub(crate) struct Config {
 
 impl Config {
     pub(crate) fn read(json: &serde_json::Value) -> Result<Config, String> {
-        let hidden: usize = field(json, "hidden_size")?;
-        let heads: usize = field(json, "num_attention_heads")?;
-        if heads == 0 || hidden % heads != 0 {
-            return Err(format!("num_attention_heads: {heads} heads do not divide hidden_size {hidden}"));
-        }
+        let (hidden, heads) = hidden_and_heads(json, ["hidden_size", "num_attention_heads"], false)?;
         Ok(Config {
             dims: Dims { hidden, vocab: field(json, "vocab_size")?, token_types: 0 },
             layers: field(json, "num_hidden_layers")?,

@@ -4,11 +4,12 @@
 //! `qkv_proj_bias` and `mlp_fc*_bias` say.
 
 use candle_core::{Module, Tensor};
-use candle_nn::{Activation, Embedding, LayerNorm, Linear, VarBuilder};
+use candle_nn::{Activation, LayerNorm, Linear, VarBuilder};
 
 use crate::batch::Batch;
 use crate::layers::{
-    attention, field, field_or, gated, linear, merge_heads, rotate, rotate_interleaved, split_heads, under, Rotary,
+    attention, field, field_or, gated, hidden_and_heads, linear, merge_heads, rotate, rotate_interleaved, split_heads,
+    under, Rotary, TokenEmbeddings,
 };
 use crate::transformer::{Dims, Encoder};
 
@@ -35,11 +36,7 @@ pub(crate) struct Config {
 
 impl Config {
     pub(crate) fn read(json: &serde_json::Value) -> Result<Config, String> {
-        let hidden: usize = field(json, "n_embd")?;
-        let heads: usize = field(json, "n_head")?;
-        if heads == 0 || hidden % heads != 0 || (hidden / heads) % 2 != 0 {
-            return Err(format!("n_head: {heads} heads do not divide n_embd {hidden} into heads of an even size"));
-        }
+        let (hidden, heads) = hidden_and_heads(json, ["n_embd", "n_head"], true)?;
         if field_or(json, "prenorm", false)? {
             return Err("prenorm: only post-norm NomicBERT (prenorm false) is supported".into());
         }
@@ -89,8 +86,7 @@ struct Layer {
 }
 
 pub(crate) struct NomicBert {
-    words: Embedding,
-    token_types: Option<Embedding>,
+    embeddings: TokenEmbeddings,
     norm: LayerNorm,
     layers: Vec<Layer>,
     rotary: Rotary,
@@ -124,13 +120,8 @@ impl NomicBert {
                 })
             })
             .collect::<candle_core::Result<_>>()?;
-        let e = vb.pp("embeddings");
         Ok(NomicBert {
-            words: candle_nn::embedding(c.dims.vocab, h, e.pp("word_embeddings"))?,
-            token_types: match c.dims.token_types {
-                0 => None,
-                n => Some(candle_nn::embedding(n, h, e.pp("token_type_embeddings"))?),
-            },
+            embeddings: TokenEmbeddings::load(c.dims, vb.pp("embeddings"))?,
             norm: candle_nn::layer_norm(h, c.eps, vb.pp("emb_ln"))?,
             layers,
             rotary: Rotary::new(h / c.heads, c.theta, vb.device())?,
@@ -146,12 +137,7 @@ impl Encoder for NomicBert {
 
     fn encode(&self, batch: &Batch) -> candle_core::Result<Tensor> {
         let c = &self.config;
-        let x = self.words.forward(&batch.ids)?;
-        let x = match &self.token_types {
-            Some(types) => (x + types.forward(&batch.types)?)?,
-            None => x,
-        };
-        let mut x = self.norm.forward(&x)?;
+        let mut x = self.norm.forward(&self.embeddings.forward(batch)?)?;
         let dtype = x.dtype();
         let (cos, sin) = self.rotary.cos_sin(&batch.positions(0, 0)?, dtype)?;
         let turn = |t: &Tensor| match c.interleaved {

@@ -134,6 +134,11 @@ fn qwen3_matches_transformers() {
 }
 
 #[test]
+fn qwen3_with_a_sliding_window_matches_transformers() {
+    check("qwen3-sliding");
+}
+
+#[test]
 fn nomic_bert_matches_its_reference() {
     check("nomic");
 }

@@ -14,6 +14,9 @@ model.toml:
 - qwen3/: Qwen3Model (Qwen3-Embedding's architecture), byte-level BPE tokenizer that appends <|endoftext|> to each
   text, last-token pooling, normalised, with a "query" prompt that is not applied by default.
 - qwen3-query/: the same model, with "query" as the default prompt.
+- qwen3-sliding/: the same weights and tokenizer as qwen3/, with config.json's use_sliding_window true,
+  sliding_window 4 and max_window_layers 1: layer 0 attends to every earlier token, layer 1 to the last 4 (itself
+  and the 3 before it). No prompts.
 - modernbert-classifier/, mpnet-classifier/: ModernBertForSequenceClassification and
   MPNetForSequenceClassification with 3 labels.
 
@@ -23,10 +26,11 @@ formula cannot hide behind identity norms, zero biases or near-uniform attention
 
 references.json holds, for every fixture and every text in TEXTS: `ids` (tokenizer.json's ids, special tokens
 included) and `hidden` (the base model's last hidden state for the text alone, batch of 1, no padding, computed by
-transformers in float64 from the saved FP32 weights, [tokens, hidden], 9 significant digits); the classifiers add
+transformers in float64 from the saved FP32 weights, [tokens, hidden], 8 significant digits); the classifiers add
 `logits`; qwen3 adds `query_ids` / `query_hidden` for the query prompt followed by the text. A self-check runs every
-fixture on a padded batch of all TEXTS (right padding; qwen3 also left padding) and asserts that each real token's
-state matches its unpadded run within 1e-6.
+fixture on a padded batch of all TEXTS (right padding; qwen3 and qwen3-sliding also left padding) and asserts that
+each real token's state matches its unpadded run within 1e-6, and that qwen3-sliding's window is applied: its
+states equal qwen3's at each text's first 4 positions and differ at every later one.
 
 Run (from the repository root, in a venv made from tests/data/architectures/requirements-fixtures.txt):
 
@@ -226,10 +230,23 @@ def write_sentence_transformers(folder, dim, pooling, max_seq_length, st_config=
     write_model_toml(folder, "embed", description)
 
 
-def write_model_toml(folder, task, description):
+def write_model_toml(folder, task, description, shared_from=None):
+    """model.toml; with `shared_from`, the weights and tokenizer are that sibling folder's (not copied)."""
+    shared = ""
+    if shared_from is not None:
+        shared = f'file = "../{shared_from}/model.safetensors"\ntokenizer = "../{shared_from}/tokenizer.json"\n'
     (folder / "model.toml").write_text(
-        f"# {description}; made by {SCRIPT}.\n" f'backend = "candle"\ntask = "{task}"\n'
+        f"# {description}; made by {SCRIPT}.\n" f'backend = "candle"\ntask = "{task}"\n{shared}'
     )
+
+
+def share_weights(folder, sibling, description):
+    """Drops `folder`'s copies of `sibling`'s weights and tokenizer files (made to compute its references) for
+    model.toml's paths to the sibling's: the fixtures stay small."""
+    for name in ["model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]:
+        assert (folder / name).read_bytes() == (folder.parent / sibling / name).read_bytes(), name
+        (folder / name).unlink()
+    write_model_toml(folder, "embed", description, shared_from=sibling)
 
 
 def save_model(model, folder):
@@ -243,8 +260,15 @@ def save_model(model, folder):
             (folder / extra).unlink()
 
 
-def round9(a):
-    return [[float(f"{x:.9g}") for x in row] for row in np.asarray(a, dtype=np.float64)]
+DIGITS = 8  # significant digits of the float64 references (the tests compare within 1e-4 and a cosine of 0.99999)
+
+
+def rounded(x):
+    return float(f"{x:.{DIGITS}g}")
+
+
+def round_rows(a):
+    return [[rounded(x) for x in row] for row in np.asarray(a, dtype=np.float64)]
 
 
 def run_alone(model, ids):
@@ -294,13 +318,13 @@ def references_for(model_cls, folder, tok, pad_id, sides, prompt=None, attn="sdp
     for text in TEXTS:
         ids = tok.encode(text).ids
         hidden = run_alone(model, ids).last_hidden_state[0]
-        out[text] = {"ids": ids, "hidden": round9(hidden.numpy())}
+        out[text] = {"ids": ids, "hidden": round_rows(hidden.numpy())}
         alone.append(hidden)
         all_ids.append(ids)
         if prompt is not None:
             qids = tok.encode(prompt + text).ids
             out[text]["query_ids"] = qids
-            out[text]["query_hidden"] = round9(run_alone(model, qids).last_hidden_state[0].numpy())
+            out[text]["query_hidden"] = round_rows(run_alone(model, qids).last_hidden_state[0].numpy())
     checks = {side: padded_check(model, all_ids, pad_id, side, alone) for side in sides}
     return out, checks
 
@@ -311,7 +335,27 @@ def classifier_logits(model_cls, folder, tok, attn="sdpa"):
     out = {}
     for text in TEXTS:
         ids = tok.encode(text).ids
-        out[text] = {"ids": ids, "logits": [float(f"{x:.9g}") for x in run_alone(model, ids).logits[0].tolist()]}
+        out[text] = {"ids": ids, "logits": [rounded(x) for x in run_alone(model, ids).logits[0].tolist()]}
+    return out
+
+
+def window_evidence(full_folder, sliding_folder, tok, window):
+    """Per text (TEXTS plus a few short probes around the window's length), the two Qwen3 folders' lone runs
+    compared: the largest difference over positions before `window` (where the window covers every earlier token,
+    so the states must agree), and over positions from `window` on the largest and the smallest of each position's
+    largest difference (where they must not agree)."""
+    full = Qwen3Model.from_pretrained(str(full_folder), attn_implementation="sdpa").double().eval()
+    sliding = Qwen3Model.from_pretrained(str(sliding_folder), attn_implementation="sdpa").double().eval()
+    assert sliding.config.layer_types == ["full_attention", "sliding_attention"], sliding.config.layer_types
+    assert sliding.config.sliding_window == window, sliding.config.sliding_window
+    out = {}
+    for text in TEXTS + ["a b", "a b c", "Hello", "The quick", "a b c d"]:
+        ids = tok.encode(text).ids
+        diff = (run_alone(full, ids).last_hidden_state[0] - run_alone(sliding, ids).last_hidden_state[0]).abs()
+        per_position = diff.max(dim=1).values
+        inside = per_position[:window].max().item()
+        past = (per_position[window:].max().item(), per_position[window:].min().item()) if len(ids) > window else None
+        out[text] = (len(ids), inside, past)
     return out
 
 
@@ -464,6 +508,41 @@ def main():
     # The same model and tokenizer as qwen3: its references are qwen3's (query_ids / query_hidden apply by default).
     references["qwen3-query"] = {"same_as": "qwen3"}
 
+    # The same weights and tokenizer again, with layer 1 attending through a 4-token sliding window (layer 0 stays
+    # full: max_window_layers 1). Qwen3Config derives layer_types from the three fields and writes it.
+    window = 4
+    sliding_folder = HERE / "qwen3-sliding"
+    if sliding_folder.exists():
+        shutil.rmtree(sliding_folder)
+    shutil.copytree(folder, sliding_folder)
+    (sliding_folder / "config_sentence_transformers.json").unlink()
+    sliding_config = Qwen3Config(
+        **{**qwen3_config, "use_sliding_window": True, "sliding_window": window, "max_window_layers": 1}
+    )
+    assert sliding_config.layer_types == ["full_attention", "sliding_attention"], sliding_config.layer_types
+    sliding_config.architectures = ["Qwen3Model"]
+    sliding_config.dtype = "float32"
+    sliding_config.save_pretrained(str(sliding_folder))
+    full_json = json.loads((folder / "config.json").read_text())
+    sliding_json = json.loads((sliding_folder / "config.json").read_text())
+    changed = {k for k in full_json.keys() | sliding_json.keys() if full_json.get(k) != sliding_json.get(k)}
+    assert changed == {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"}, changed
+    assert sliding_json["layer_types"] == ["full_attention", "sliding_attention"], sliding_json["layer_types"]
+    write_model_toml(
+        sliding_folder,
+        "embed",
+        "Tiny Qwen3Model with qwen3/'s weights, layer 0 full attention and layer 1 a 4-token sliding window",
+    )
+    check_tokenizer(sliding_folder, tok)
+    references["qwen3-sliding"], checks["qwen3-sliding"] = references_for(
+        Qwen3Model, sliding_folder, tok, eot, ["right", "left"]
+    )
+    evidence = window_evidence(folder, sliding_folder, tok, window)
+    share_weights(query_folder, "qwen3", "Tiny Qwen3Model as qwen3/ (its weights and tokenizer), with the query "
+                  "prompt applied by default")
+    share_weights(sliding_folder, "qwen3", "Tiny Qwen3Model with qwen3/'s weights and tokenizer, layer 0 full "
+                  "attention and layer 1 a 4-token sliding window")
+
     # ---- Classifiers -------------------------------------------------------------------------------------------
     label2id = {v: k for k, v in LABELS.items()}
     torch.manual_seed(4)
@@ -512,9 +591,20 @@ def main():
         for side, worst in sides.items():
             print(f"{name}: padded batch ({side} padding) vs alone, max |diff| = {worst:.3e}")
             assert worst < 1e-6, (name, side, worst)
-    for name in ["mpnet", "modernbert", "qwen3", "modernbert-classifier", "mpnet-classifier"]:
+    for text, (count, inside, past) in evidence.items():
+        shown = "-" if past is None else f"{past[0]:.3e} (each at least {past[1]:.3e})"
+        print(
+            f"qwen3-sliding vs qwen3, {count:3d} tokens {text[:32]!r}: max |diff| positions < {window} = {inside:.3e},"
+            f" positions >= {window} = {shown}"
+        )
+        assert inside == 0.0, (text, inside)
+        assert past is None or past[1] > 1e-6, (text, past)
+    for name in ["mpnet", "modernbert", "qwen3", "qwen3-sliding", "modernbert-classifier", "mpnet-classifier"]:
         folder = HERE / name
-        with safe_open(str(folder / "model.safetensors"), "np") as f:
+        weights = folder / "model.safetensors"
+        if not weights.exists():  # a folder sharing qwen3's weights
+            weights = HERE / "qwen3" / "model.safetensors"
+        with safe_open(str(weights), "np") as f:
             shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
         print(f"{name}: {len(shapes)} tensors, config {AutoConfig.from_pretrained(str(folder)).model_type}")
         lengths = [len(references[name][t]["ids"]) for t in TEXTS]
