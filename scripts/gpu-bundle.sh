@@ -6,8 +6,9 @@
 #  2. link-time stubs of libcuda and of cuBLAS/cuRAND/NVRTC in its lib/stubs folder: scripts/cuda-toolkit.sh.
 #     The binaries link there and load the real libraries on the GPU machine.
 #  3. `cargo build --release --features cuda` of `inferd` and `inferd-bench`, and the GPU test executables
-#     (`cargo test --release --no-run --features cuda`), in target/cuda so the CPU build stays valid. candle's
-#     kernels compile for CUDA_COMPUTE_CAP (default 90: H100 and H200), about 7 minutes the first time.
+#     (`cargo test --release --no-run --features cuda`): as root with buildah, in the CPU image's builder on its
+#     target folder (reusing what the image build compiled), else in target/cuda so the CPU build stays valid.
+#     candle's kernels compile for CUDA_COMPUTE_CAP (default 90: H100 and H200), about 7 minutes the first time.
 #  4. The bundle, target/gpu-bundle: binaries and tests stripped and packed with the bundled models, the test data
 #     and gpu-check.sh into one xz archive, checked to be at most 60 MiB (the GPU machine takes 64 MiB in all).
 #
@@ -36,13 +37,43 @@ FEATURES=inferd-server/cuda,inferd-benches/cuda,inferd-candle/cuda
 
 # 3. The GPU build, in one cargo invocation so that every target shares one feature resolution (and candle's kernels
 # compile once): the two binaries and the GPU tests, candle's engine test (device selection, precision casts, GPU
-# memory limits) and the NVML probe against nvidia-smi.
+# memory limits) and the NVML probe against nvidia-smi. Without debug line tables: the bundle strips every binary.
+#
+# Where buildah runs (as root: scripts/image-check.sh builds the CPU image so), the build runs in the CPU image's
+# builder (the stand-in for rust:<version>-slim-bookworm, with make, as the Dockerfile's builder stage has it), on the
+# image build's own target folder and at its paths (/src, and the registry at /usr/local/cargo/registry): every
+# dependency the CPU image compiled without CUDA is used again, and only what CUDA changes (candle and what depends
+# on it) and the benchmarks' own dependencies compile here. Elsewhere (INFERD_GPU_BUNDLE_ON_HOST=1, or no buildah),
+# on this machine in target/cuda.
 artifacts=$(mktemp)
 trap 'rm -f "$artifacts"' EXIT
-# Without debug line tables: the bundle strips every binary, and the build is the test command's longest.
-CARGO_PROFILE_RELEASE_DEBUG=false cargo build --locked --release --target-dir "$TARGET_DIR" -p inferd-server \
-    -p inferd-benches -p inferd-candle --features "$FEATURES" --bins --test engine --test nvml \
-    --message-format json-render-diagnostics >"$artifacts"
+cargo_args=(build --locked --release -p inferd-server -p inferd-benches -p inferd-candle --features "$FEATURES" --bins
+    --test engine --test nvml --message-format json-render-diagnostics)
+if [ "$(id -u)" = 0 ] && command -v buildah >/dev/null && [ "${INFERD_GPU_BUNDLE_ON_HOST:-0}" != 1 ]; then
+    CACHE=$(realpath -m "${INFERD_CACHE_DIR:-$PWD/.cache}")/image
+    mkdir -p "$CACHE"
+    exec 9>"$CACHE/lock"
+    flock 9
+    # shellcheck source=scripts/image_standins.sh
+    . scripts/image_standins.sh
+    make_standins cpu
+    context
+    build_dir=$CACHE/target-cpu
+    registry=${CARGO_HOME:-$HOME/.cargo}/registry
+    mkdir -p "$build_dir" "$registry"
+    ctr=$(B from --pull=never "docker.io/library/rust:$RUST_VERSION-slim-bookworm")
+    trap 'rm -f "$artifacts"; B rm "$ctr" >/dev/null 2>&1 || true' EXIT
+    apt_install "$ctr" make
+    B run -v "$CACHE/context:/src" -v "$build_dir:/src/target" -v "$registry:/usr/local/cargo/registry" \
+        -v "$CUDA_ROOT:$CUDA_ROOT" "$ctr" -- env CARGO_PROFILE_RELEASE_DEBUG=false CUDA_COMPUTE_CAP="$CUDA_COMPUTE_CAP" \
+        CUDA_ROOT="$CUDA_ROOT" CUDA_PATH="$CUDA_ROOT" PATH="$CUDA_ROOT/bin:/usr/local/cargo/bin:/usr/bin:/bin" \
+        sh -c 'cd /src && exec cargo "$@"' cargo "${cargo_args[@]}" >"$artifacts"
+    # The artifacts' paths, as this machine sees them.
+    sed -i "s|\"/src/target/|\"$build_dir/|g" "$artifacts"
+    flock -u 9
+else
+    CARGO_PROFILE_RELEASE_DEBUG=false cargo "${cargo_args[@]}" --target-dir "$TARGET_DIR" >"$artifacts"
+fi
 mapfile -t built < <(python3 - "$artifacts" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):

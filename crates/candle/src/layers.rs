@@ -27,6 +27,10 @@ pub(crate) fn merge_heads(x: &Tensor) -> candle_core::Result<Tensor> {
     x.transpose(1, 2)?.reshape((rows, seq, heads * dim))
 }
 
+/// The most attention scores (rows × heads × queries × keys) made at once: a long text's queries are taken a piece at
+/// a time, so that an 8,192-token text's scores (12 heads: 800 million, 3 GB in F32) never exist whole.
+const MAX_SCORES: usize = 1 << 26;
+
 /// Scaled dot-product attention of `[rows, heads, seq, dim]` queries, keys and values, with `bias` added to the
 /// scores (an additive mask, broadcast: `[rows, 1, 1 or seq, seq]`, or a position bias): `[rows, heads, seq, dim]`.
 /// Keys and values with fewer heads than the queries (grouped-query attention) are shared by groups of them.
@@ -37,11 +41,42 @@ pub(crate) fn attention(
     bias: &Tensor,
     scale: f64,
 ) -> candle_core::Result<Tensor> {
-    let (heads, kv_heads) = (q.dim(1)?, k.dim(1)?);
+    attention_within(q, k, v, bias, scale, MAX_SCORES)
+}
+
+/// [`attention`] making at most about `max_scores` scores at once.
+fn attention_within(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: &Tensor,
+    scale: f64,
+    max_scores: usize,
+) -> candle_core::Result<Tensor> {
+    let (rows, heads, queries, _) = q.dims4()?;
+    let kv_heads = k.dim(1)?;
     let (k, v) = match heads / kv_heads {
         1 => (k.clone(), v.clone()),
         group => (repeat_heads(k, group)?, repeat_heads(v, group)?),
     };
+    let piece = (max_scores / (rows * heads * k.dim(2)?).max(1)).max(1);
+    if piece >= queries {
+        return attend(q, &k, &v, bias, scale);
+    }
+    let mut pieces = Vec::with_capacity(queries.div_ceil(piece));
+    for start in (0..queries).step_by(piece) {
+        let n = piece.min(queries - start);
+        let bias = match bias.dim(2)? {
+            1 => bias.clone(),
+            _ => bias.narrow(2, start, n)?,
+        };
+        pieces.push(attend(&q.narrow(2, start, n)?.contiguous()?, &k, &v, &bias, scale)?);
+    }
+    Tensor::cat(&pieces, 2)
+}
+
+/// [`attention`] of queries whose scores are made at once.
+fn attend(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f64) -> candle_core::Result<Tensor> {
     let scores = (q.matmul(&k.t()?)? * scale)?.broadcast_add(bias)?;
     // candle's CPU softmax sums in the scores' dtype: over hundreds of keys, BF16's 8 bits lose the weights (a
     // 512-token text's states fell to a cosine of 0.90 with FP32's). Its CUDA kernel sums in F32 already.
@@ -51,7 +86,7 @@ pub(crate) fn attention(
         }
         _ => candle_nn::ops::softmax_last_dim(&scores)?,
     };
-    probabilities.matmul(&v)
+    probabilities.matmul(v)
 }
 
 /// Each of `[rows, kv_heads, seq, dim]`'s heads `group` times in a row: `[rows, kv_heads × group, seq, dim]`.
@@ -213,6 +248,34 @@ impl TokenEmbeddings {
         match &self.types {
             Some(types) => words + types.forward(&batch.types)?,
             None => Ok(words),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Tensor};
+
+    use super::{attention_within, MAX_SCORES};
+
+    #[test]
+    fn attention_in_pieces_of_queries_is_attention_whole() {
+        let device = Device::Cpu;
+        let values = |n: usize, seed: f32| -> Vec<f32> { (0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect() };
+        let (rows, heads, seq, dim) = (2, 4, 9, 8);
+        let tensor = |seed: f32| Tensor::from_vec(values(rows * heads * seq * dim, seed), (rows, heads, seq, dim), &device);
+        let (q, k, v) = (tensor(0.0).expect("q"), tensor(1.0).expect("k"), tensor(2.0).expect("v"));
+        // Two keys of the second row masked, and a bias per query and key.
+        let mut mask = vec![0f32; rows * seq];
+        mask[seq + 7..2 * seq].fill(-1e30);
+        let mask = Tensor::from_vec(mask, (rows, 1, 1, seq), &device).expect("mask");
+        let pair = Tensor::from_vec(values(seq * seq, 3.0), (1, 1, seq, seq), &device).expect("pair");
+        for bias in [mask.clone(), pair.broadcast_add(&mask).expect("bias")] {
+            let whole = attention_within(&q, &k, &v, &bias, 0.35, MAX_SCORES).expect("whole");
+            // Pieces of 2 queries, the last of 1.
+            let pieces = attention_within(&q, &k, &v, &bias, 0.35, rows * heads * seq * 2).expect("pieces");
+            let difference = (whole - pieces).expect("sub").abs().expect("abs").max_all().expect("max");
+            assert!(difference.to_scalar::<f32>().expect("scalar") < 1e-6);
         }
     }
 }
