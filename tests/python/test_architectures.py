@@ -21,6 +21,7 @@ import openai
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tei_client import HttpClient
 from tokenizers import Tokenizer
 
 import reference_arch
@@ -170,7 +171,11 @@ def test_prompts_by_name_and_by_default(server):
 def test_an_unknown_prompt_is_a_400_naming_the_known_ones(server):
     status, error = post(f"http://{server[0]}/models/qwen3/embed", {"inputs": TEXTS[:1], "prompt_name": "passage"})
     assert status == 400, error
-    assert "`passage` is not one of this model's prompts: `document`, `query`" in error["error"], error
+    assert 'prompt_name `passage` is not one of this model\'s prompts. Available prompts: ["document", "query"]' in \
+        error["error"], error
+    # tei-client reads the names from that message (it asks /tokenize for a prompt no model has).
+    assert HttpClient(f"http://{server[0]}/models/qwen3").prompt_names() == ["document", "query"]
+    assert HttpClient(f"http://{server[0]}/models/gte").prompt_names() == []
     # A model without prompts says so.
     status, error = post(f"http://{server[0]}/models/gte/embed", {"inputs": TEXTS[:1], "prompt_name": "query"})
     assert status == 400 and "this model has no prompts" in error["error"], error

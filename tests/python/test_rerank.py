@@ -280,9 +280,9 @@ def test_padding_never_changes_a_score(server):
     ("/models/classifier/embed_all", {"inputs": "a"}, 400, "does not embed"),
     ("/embed_all", {"inputs": ["word " * 600], "truncate": False}, 400, "tokens long"),
     ("/embed_all", {"inputs": []}, 400, "empty"),
-    ("/embed", {"inputs": "a", "prompt_name": "query"}, 400, "does not apply prompts"),
+    ("/embed", {"inputs": "a", "prompt_name": "query"}, 400, "this model has no prompts"),
     ("/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": {"prompt_name": "q"}}, 400,
-     "does not apply prompts"),
+     "this model has no prompts"),
     # 32 texts of 256 tokens, a vector of 384 values each: 3.1 Mi values, under the cap; the cap is tested in Rust.
     ("/embed_all", {"inputs": ["word " * 300] * (MAX_ROWS + 1)}, 413, "--max-rows"),
     ("/predict", {"inputs": ["a", "b", "c"]}, 400, "one text or a pair"),

@@ -185,9 +185,10 @@ impl TextFront {
                 "prompt_name `{name}`: this model has no prompts (its folder has no config_sentence_transformers.json \
                  naming any); put the prompt's text before the input instead"
             ))),
+            // TEI's words: tei-client's `prompt_names()` reads the list from this message.
             None => Err(TaskError::Invalid(format!(
-                "prompt_name `{name}` is not one of this model's prompts: {}",
-                prompts.keys().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+                "prompt_name `{name}` is not one of this model's prompts. Available prompts: [{}]",
+                prompts.keys().map(|k| format!("\"{k}\"")).collect::<Vec<_>>().join(", ")
             ))),
         }
     }
