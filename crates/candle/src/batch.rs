@@ -69,7 +69,11 @@ impl Batch {
     /// only the real keys at `j` with `allowed(i, j)`: causal (`j <= i`) or a local window. Positions count real
     /// tokens, as [`Batch::positions`] does. A padded query reads every key: each row of scores keeps a finite term
     /// (a row of −∞ would make its state NaN, and a NaN key poisons every query, masked or not).
-    pub(crate) fn pair_mask(&self, dtype: DType, allowed: impl Fn(usize, usize) -> bool) -> candle_core::Result<Tensor> {
+    pub(crate) fn pair_mask(
+        &self,
+        dtype: DType,
+        allowed: impl Fn(usize, usize) -> bool,
+    ) -> candle_core::Result<Tensor> {
         let lowest = lowest(dtype) as f32;
         let (rows, seq) = (self.rows, self.seq);
         let device = self.mask.device();

@@ -259,7 +259,6 @@ impl Bert {
         let embedded = self.norm.forward(&embedded)?;
         self.encoder.forward(&embedded, &batch.key_mask(embedded.dtype())?)
     }
-
 }
 
 impl TextModel for Bert {
@@ -280,7 +279,11 @@ impl TextModel for Bert {
 
     fn dims(&self) -> Dims {
         // A model with one token type takes none from the tokenizer (RoBERTa's marks a pair's second text).
-        Dims { hidden: self.config.hidden_size, vocab: self.config.vocab_size, token_types: self.config.type_vocab_size }
+        Dims {
+            hidden: self.config.hidden_size,
+            vocab: self.config.vocab_size,
+            token_types: self.config.type_vocab_size,
+        }
     }
 
     fn run(&self, contract: Contract, batch: &Batch) -> candle_core::Result<Tensor> {

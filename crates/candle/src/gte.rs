@@ -53,7 +53,11 @@ impl Config {
             other => return Err(format!("layer_norm_type: `{other}` is not layer_norm or rms_norm")),
         };
         Ok(Config {
-            dims: Dims { hidden, vocab: field(json, "vocab_size")?, token_types: field_or(json, "type_vocab_size", 1)? },
+            dims: Dims {
+                hidden,
+                vocab: field(json, "vocab_size")?,
+                token_types: field_or(json, "type_vocab_size", 1)?,
+            },
             layers: field(json, "num_hidden_layers")?,
             heads,
             intermediate: field(json, "intermediate_size")?,

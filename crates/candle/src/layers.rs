@@ -34,13 +34,7 @@ const MAX_SCORES: usize = 1 << 26;
 /// Scaled dot-product attention of `[rows, heads, seq, dim]` queries, keys and values, with `bias` added to the
 /// scores (an additive mask, broadcast: `[rows, 1, 1 or seq, seq]`, or a position bias): `[rows, heads, seq, dim]`.
 /// Keys and values with fewer heads than the queries (grouped-query attention) are shared by groups of them.
-pub(crate) fn attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    bias: &Tensor,
-    scale: f64,
-) -> candle_core::Result<Tensor> {
+pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f64) -> candle_core::Result<Tensor> {
     attention_within(q, k, v, bias, scale, MAX_SCORES)
 }
 
@@ -174,7 +168,11 @@ pub(crate) struct RopeSettings {
 impl RopeSettings {
     /// Reads them from `json` (or `parameters`, a per-layer-type table in `rope_parameters`), with base `theta`
     /// where none is named.
-    pub(crate) fn read(json: &serde_json::Value, parameters: Option<&serde_json::Value>, theta: f64) -> Result<RopeSettings, String> {
+    pub(crate) fn read(
+        json: &serde_json::Value,
+        parameters: Option<&serde_json::Value>,
+        theta: f64,
+    ) -> Result<RopeSettings, String> {
         let parameters = parameters.or_else(|| json.get("rope_parameters")).filter(|p| p.is_object());
         let scaling = json.get("rope_scaling").filter(|s| s.is_object());
         let theta = match parameters.and_then(|p| p.get("rope_theta")) {
@@ -263,7 +261,8 @@ mod tests {
         let device = Device::Cpu;
         let values = |n: usize, seed: f32| -> Vec<f32> { (0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect() };
         let (rows, heads, seq, dim) = (2, 4, 9, 8);
-        let tensor = |seed: f32| Tensor::from_vec(values(rows * heads * seq * dim, seed), (rows, heads, seq, dim), &device);
+        let tensor =
+            |seed: f32| Tensor::from_vec(values(rows * heads * seq * dim, seed), (rows, heads, seq, dim), &device);
         let (q, k, v) = (tensor(0.0).expect("q"), tensor(1.0).expect("k"), tensor(2.0).expect("v"));
         // Two keys of the second row masked, and a bias per query and key.
         let mut mask = vec![0f32; rows * seq];

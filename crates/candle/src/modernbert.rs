@@ -112,15 +112,14 @@ fn layer_norm(size: usize, config: &Config, vb: VarBuilder) -> candle_core::Resu
 /// `head.dense` (with a bias where `classifier_bias` says), `classifier_activation`, `head.norm`, and `classifier`.
 pub(crate) fn head(root: &VarBuilder, json: &serde_json::Value, hidden: usize) -> candle_core::Result<Head> {
     let config = Config::read(json).map_err(candle_core::Error::Msg)?;
-    let read = |key: &str, default: &str| {
-        field_or(json, key, default.to_owned()).map_err(candle_core::Error::Msg)
-    };
+    let read = |key: &str, default: &str| field_or(json, key, default.to_owned()).map_err(candle_core::Error::Msg);
     let mean = match read("classifier_pooling", "cls")?.as_str() {
         "cls" => false,
         "mean" => true,
         other => candle_core::bail!("classifier_pooling: `{other}` is not cls or mean"),
     };
-    let activation: Activation = field_or(json, "classifier_activation", Activation::Gelu).map_err(candle_core::Error::Msg)?;
+    let activation: Activation =
+        field_or(json, "classifier_activation", Activation::Gelu).map_err(candle_core::Error::Msg)?;
     let bias: bool = field_or(json, "classifier_bias", false).map_err(candle_core::Error::Msg)?;
     Ok(Head::Pooled {
         mean,

@@ -151,7 +151,8 @@ impl Encoder for MPNet {
         let scale = 1.0 / ((self.config.dims.hidden / heads) as f64).sqrt();
         for layer in &self.layers {
             let (q, k, v) = (layer.q.forward(&x)?, layer.k.forward(&x)?, layer.v.forward(&x)?);
-            let context = attention(&split_heads(&q, heads)?, &split_heads(&k, heads)?, &split_heads(&v, heads)?, &bias, scale)?;
+            let context =
+                attention(&split_heads(&q, heads)?, &split_heads(&k, heads)?, &split_heads(&v, heads)?, &bias, scale)?;
             let attended = layer.attention_norm.forward(&(layer.o.forward(&merge_heads(&context)?)? + &x)?)?;
             let inner = self.config.activation.forward(&layer.up.forward(&attended)?)?;
             x = layer.output_norm.forward(&(layer.down.forward(&inner)? + attended)?)?;

@@ -61,7 +61,11 @@ impl Config {
         };
         let hidden_default = 4 * hidden;
         Ok(Config {
-            dims: Dims { hidden, vocab: field(json, "vocab_size")?, token_types: field_or(json, "type_vocab_size", 2)? },
+            dims: Dims {
+                hidden,
+                vocab: field(json, "vocab_size")?,
+                token_types: field_or(json, "type_vocab_size", 2)?,
+            },
             layers: field(json, "n_layer")?,
             heads,
             intermediate: field_or::<Option<usize>>(json, "n_inner", None)?.unwrap_or(hidden_default),

@@ -7,7 +7,9 @@ use candle_core::{Module, Tensor};
 use candle_nn::{Activation, Embedding, Linear, RmsNorm, VarBuilder};
 
 use crate::batch::Batch;
-use crate::layers::{attention, field, field_or, gated, linear, merge_heads, rotate, split_heads, under, RopeSettings, Rotary};
+use crate::layers::{
+    attention, field, field_or, gated, linear, merge_heads, rotate, split_heads, under, RopeSettings, Rotary,
+};
 use crate::transformer::{Dims, Encoder};
 
 pub(crate) struct Config {
@@ -54,7 +56,9 @@ impl Config {
                 (Some(types), Some(w)) => match types.get(i).map(String::as_str) {
                     Some("sliding_attention") => Ok(Some(w)),
                     Some("full_attention") => Ok(None),
-                    other => Err(format!("layer_types: layer {i} is {other:?}, not full_attention or sliding_attention")),
+                    other => {
+                        Err(format!("layer_types: layer {i} is {other:?}, not full_attention or sliding_attention"))
+                    }
                 },
                 (None, Some(w)) => Ok((i >= first_sliding).then_some(w)),
             })

@@ -66,7 +66,9 @@ pub(crate) enum Head {
 impl Head {
     fn labels(&self) -> Option<usize> {
         match self {
-            Head::Pooled { classifier: last, .. } | Head::FirstToken { out_proj: last, .. } => last.weight().dim(0).ok(),
+            Head::Pooled { classifier: last, .. } | Head::FirstToken { out_proj: last, .. } => {
+                last.weight().dim(0).ok()
+            }
         }
     }
 
@@ -215,7 +217,11 @@ impl Plan {
             if self.kind != Kind::Bert && wants[0] == head {
                 return Err(Error::config(
                     &self.path,
-                    format!("model_type \"{}\": inferd has no {} head for it on candle", self.model_type(), head.as_str()),
+                    format!(
+                        "model_type \"{}\": inferd has no {} head for it on candle",
+                        self.model_type(),
+                        head.as_str()
+                    ),
                 ));
             }
         }
@@ -234,9 +240,12 @@ impl Plan {
                 let config = crate::bert::read_config(dir)?;
                 return Ok(Box::new(Bert::load(file, config, wants, pooling, dtype, device)?));
             }
-            Kind::MPNet => Box::new(mpnet::MPNet::load(&root()?, mpnet::Config::read(json).map_err(bad)?).map_err(weights)?),
+            Kind::MPNet => {
+                Box::new(mpnet::MPNet::load(&root()?, mpnet::Config::read(json).map_err(bad)?).map_err(weights)?)
+            }
             Kind::ModernBert => Box::new(
-                modernbert::ModernBert::load(&root()?, modernbert::Config::read(json).map_err(bad)?).map_err(weights)?,
+                modernbert::ModernBert::load(&root()?, modernbert::Config::read(json).map_err(bad)?)
+                    .map_err(weights)?,
             ),
             Kind::NomicBert => {
                 Box::new(nomic::NomicBert::load(&root()?, nomic::Config::read(json).map_err(bad)?).map_err(weights)?)
@@ -293,7 +302,11 @@ mod tests {
         assert!(refusal(qwen3).contains("rope_scaling: rope type `yarn`"), "{}", refusal(qwen3));
         let mpnet = r#"{"model_type": "mpnet", "hidden_size": 30, "num_attention_heads": 4, "num_hidden_layers": 2,
             "intermediate_size": 64, "vocab_size": 10, "max_position_embeddings": 20}"#;
-        assert!(refusal(mpnet).contains("num_attention_heads: 4 heads do not divide hidden_size 30"), "{}", refusal(mpnet));
+        assert!(
+            refusal(mpnet).contains("num_attention_heads: 4 heads do not divide hidden_size 30"),
+            "{}",
+            refusal(mpnet)
+        );
         let modernbert = r#"{"model_type": "modernbert", "hidden_size": 32, "num_attention_heads": 4,
             "num_hidden_layers": 2, "intermediate_size": 64, "vocab_size": 10, "layer_types": ["full_attention"]}"#;
         assert!(refusal(modernbert).contains("layer_types: 1 entries for 2 layers"), "{}", refusal(modernbert));

@@ -166,7 +166,8 @@ fn check_head(name: &str) {
         let mask: Vec<i64> = rows.iter().flat_map(|r| (0..seq).map(move |t| i64::from(t < r.len()))).collect();
         let shape = vec![rows.len(), seq];
         let tensor = |values: &[i64]| Tensor::from_slice(shape.clone(), values).expect("tensor");
-        let out = engine.run_text(Contract::SequenceScores, &[tensor(&ids), tensor(&mask), tensor(&vec![0; ids.len()])]);
+        let out =
+            engine.run_text(Contract::SequenceScores, &[tensor(&ids), tensor(&mask), tensor(&vec![0; ids.len()])]);
         let values = out.expect("run").to_vec::<f32>().expect("f32");
         values.chunks(values.len() / rows.len()).map(<[f32]>::to_vec).collect()
     };

@@ -409,7 +409,8 @@ pub fn pool(hidden: &[f32], mask: &[i64], rows: usize, seq: usize, dim: usize, p
     let mut out = vec![0f32; rows * dim];
     for (r, pooled) in out.chunks_exact_mut(dim).enumerate() {
         let states = hidden[r * seq * dim..(r + 1) * seq * dim].chunks_exact(dim);
-        let real: Vec<&[f32]> = states.zip(&mask[r * seq..(r + 1) * seq]).filter(|(_, &m)| m != 0).map(|(s, _)| s).collect();
+        let real: Vec<&[f32]> =
+            states.zip(&mask[r * seq..(r + 1) * seq]).filter(|(_, &m)| m != 0).map(|(s, _)| s).collect();
         let (Some(first), Some(last)) = (real.first(), real.last()) else { continue };
         let weighted_sum = |weight: &dyn Fn(usize) -> f64| {
             let mut sums = vec![0f64; dim];

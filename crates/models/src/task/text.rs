@@ -265,7 +265,12 @@ impl TextFront {
     }
 
     /// Each text's tokens, with the special tokens when `special`, untruncated. Blocking.
-    pub fn tokens(&self, texts: &[String], special: bool, prompt_name: Option<&str>) -> Result<Vec<Vec<Token>>, TaskError> {
+    pub fn tokens(
+        &self,
+        texts: &[String],
+        special: bool,
+        prompt_name: Option<&str>,
+    ) -> Result<Vec<Vec<Token>>, TaskError> {
         let prompt = self.prompt_named(prompt_name, true)?;
         texts
             .iter()
