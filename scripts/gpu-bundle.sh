@@ -69,9 +69,9 @@ if [ "$(id -u)" = 0 ] && command -v buildah >/dev/null && [ "${INFERD_GPU_BUNDLE
         -v "$CUDA_ROOT:$CUDA_ROOT" "$ctr" -- env CARGO_PROFILE_RELEASE_DEBUG=false CUDA_COMPUTE_CAP="$CUDA_COMPUTE_CAP" \
         CUDA_ROOT="$CUDA_ROOT" CUDA_PATH="$CUDA_ROOT" PATH="$CUDA_ROOT/bin:/usr/local/cargo/bin:/usr/bin:/bin" \
         sh -c 'cd /src && exec cargo "$@"' cargo "${cargo_args[@]}" >"$artifacts"
-    # The artifacts' paths, as this machine sees them.
+    # The artifacts' paths, as this machine sees them. The lock stays held until they are copied out (below): an
+    # image check would build the CPU binaries over them.
     sed -i "s|\"/src/target/|\"$build_dir/|g" "$artifacts"
-    flock -u 9
 else
     CARGO_PROFILE_RELEASE_DEBUG=false cargo "${cargo_args[@]}" --target-dir "$TARGET_DIR" >"$artifacts"
 fi
@@ -104,6 +104,8 @@ for entry in "${built[@]}"; do
         exit 1
     fi
 done
+# The binaries are copied out: an image check may use the target folder again.
+flock -u 9 2>/dev/null || true
 cp -r models/digits models/digits-candle "$STAGE/models/"
 # MiniLM's weights travel in FP16 (45 MB; FP32 is 91 MB and would not fit): the check serves the same file on the
 # CPU and on the GPU, so their outputs stay comparable, in FP32 and FP16 alike.

@@ -17,12 +17,13 @@ cd "$(dirname "$0")/.."
 # goes.
 timings=()
 started=$SECONDS
-step() { # step NAME COMMAND...: runs COMMAND, timed
-    local name=$1 from=$SECONDS
+step() { # step NAME COMMAND...: runs COMMAND, timed (a failed one too, marked so)
+    local name=$1 from=$SECONDS status=0
     shift
-    "$@"
-    timings+=("$(printf '%5d s  %s' $((SECONDS - from)) "$name")")
+    "$@" || status=$?
+    timings+=("$(printf '%5d s  %s%s' $((SECONDS - from)) "$name" "$([ "$status" = 0 ] || echo " (failed: $status)")")")
     echo "test: $name took $((SECONDS - from)) s" >&2
+    return "$status"
 }
 report() {
     local status=$?

@@ -65,32 +65,37 @@ impl Batch {
         self.mask.affine(-lowest, lowest)?.unsqueeze(1)?.unsqueeze(1)?.to_dtype(dtype)
     }
 
-    /// The additive mask `[rows, 1, seq, seq]` in `dtype` of attention where a query at (real) position `i` reads
-    /// only the real keys at `j` with `allowed(i, j)`: causal (`j <= i`) or a local window. Positions count real
-    /// tokens, as [`Batch::positions`] does. A padded query reads every key: each row of scores keeps a finite term
-    /// (a row of −∞ would make its state NaN, and a NaN key poisons every query, masked or not).
+    /// The additive mask `[rows, 1, n, seq]` in `dtype`, for the queries `start..start + n`, of attention where a
+    /// query at (real) position `i` reads only the real keys at `j` with `allowed(i, j)`: causal (`j <= i`) or a local
+    /// window. Positions count real tokens, as [`Batch::positions`] does. A padded query reads every key: each row of
+    /// scores keeps a finite term (a row of −∞ would make its state NaN, and a NaN key poisons every query, masked or
+    /// not).
     pub(crate) fn pair_mask(
         &self,
         dtype: DType,
         allowed: impl Fn(usize, usize) -> bool,
+        start: usize,
+        n: usize,
     ) -> candle_core::Result<Tensor> {
         let lowest = lowest(dtype) as f32;
         let (rows, seq) = (self.rows, self.seq);
         let device = self.mask.device();
         if self.padded_right() {
             // Positions are indices in every row: one pattern for all, the rows' padding added on the device.
-            let pattern: Vec<f32> =
-                (0..seq * seq).map(|x| if allowed(x / seq, x % seq) { 0.0 } else { lowest }).collect();
-            let pattern = Tensor::from_vec(pattern, (1, 1, seq, seq), device)?;
+            let pattern: Vec<f32> = (start..start + n)
+                .flat_map(|q| (0..seq).map(move |k| (q, k)))
+                .map(|(q, k)| if allowed(q, k) { 0.0 } else { lowest })
+                .collect();
+            let pattern = Tensor::from_vec(pattern, (1, 1, n, seq), device)?;
             let keys = self.mask.affine(-f64::from(lowest), f64::from(lowest))?.reshape((rows, 1, 1, seq))?;
-            let queries = self.mask.reshape((rows, 1, seq, 1))?;
+            let queries = self.mask.narrow(1, start, n)?.reshape((rows, 1, n, 1))?;
             return pattern.broadcast_add(&keys)?.maximum(lowest)?.broadcast_mul(&queries)?.to_dtype(dtype);
         }
-        let mut mask = vec![0f32; rows * seq * seq];
+        let mut mask = vec![0f32; rows * n * seq];
         for (r, real) in self.real.iter().enumerate() {
-            let block = &mut mask[r * seq * seq..(r + 1) * seq * seq];
-            for (i, &q) in real.iter().enumerate() {
-                let keys = &mut block[q * seq..(q + 1) * seq];
+            let block = &mut mask[r * n * seq..(r + 1) * n * seq];
+            for (i, &q) in real.iter().enumerate().filter(|(_, &q)| (start..start + n).contains(&q)) {
+                let keys = &mut block[(q - start) * seq..(q - start + 1) * seq];
                 keys.fill(lowest);
                 for (j, &k) in real.iter().enumerate() {
                     if allowed(i, j) {
@@ -99,7 +104,7 @@ impl Batch {
                 }
             }
         }
-        Tensor::from_vec(mask, (rows, 1, seq, seq), device)?.to_dtype(dtype)
+        Tensor::from_vec(mask, (rows, 1, n, seq), device)?.to_dtype(dtype)
     }
 
     /// Each row's first and last real token, as indices into the batch flattened to `[rows × seq]`.
@@ -115,5 +120,39 @@ pub(crate) fn lowest(dtype: DType) -> f64 {
         DType::F16 => f64::from(half::f16::MIN),
         DType::BF16 => f64::from(half::bf16::MIN),
         _ => f64::from(f32::MIN),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device};
+
+    use super::Batch;
+
+    #[test]
+    fn a_pair_mask_made_in_pieces_is_the_whole_one_cut_and_padding_either_side_reads_the_same_keys() {
+        let (rows, seq) = (2, 5);
+        // Row 0: three tokens padded on the right; row 1: the same three padded on the left.
+        let mask = [1, 1, 1, 0, 0, 0, 0, 1, 1, 1];
+        let batch =
+            Batch::new(vec![0; rows * seq], vec![0; rows * seq], &mask, rows, seq, &Device::Cpu).expect("batch");
+        let causal = |q: usize, k: usize| k <= q;
+        let whole = batch.pair_mask(DType::F32, causal, 0, seq).expect("whole");
+        for (start, n) in [(0, 2), (2, 2), (4, 1)] {
+            let piece = batch.pair_mask(DType::F32, causal, start, n).expect("piece");
+            let cut = whole.narrow(2, start, n).expect("cut");
+            let same = piece.eq(&cut).expect("eq").to_dtype(DType::F32).expect("f32").min_all().expect("min");
+            assert_eq!(same.to_scalar::<f32>().expect("scalar"), 1.0, "queries {start}..{}", start + n);
+        }
+        // The third real token reads the three real keys, wherever they are; a padded query reads every key.
+        let values = whole.to_dtype(DType::F32).expect("f32").flatten_all().expect("flat").to_vec1::<f32>().expect("v");
+        let readable = |row: usize, query: usize| -> Vec<usize> {
+            (0..seq).filter(|&k| values[(row * seq + query) * seq + k] == 0.0).collect()
+        };
+        assert_eq!(readable(0, 2), vec![0, 1, 2]);
+        assert_eq!(readable(1, 4), vec![2, 3, 4]);
+        assert_eq!(readable(1, 2), vec![2]);
+        assert_eq!(readable(1, 0), (0..seq).collect::<Vec<_>>());
+        assert_eq!(readable(0, 4), (0..seq).collect::<Vec<_>>());
     }
 }

@@ -8,8 +8,8 @@ use candle_nn::{Activation, LayerNorm, Linear, RmsNorm, VarBuilder};
 
 use crate::batch::Batch;
 use crate::layers::{
-    attention, field, field_or, gated, hidden_and_heads, linear, merge_heads, rotate, split_heads, under, RopeSettings,
-    Rotary, TokenEmbeddings,
+    attention, field, field_or, gated, hidden_and_heads, linear, merge_heads, rotate, split_heads, under, Bias,
+    RopeSettings, Rotary, TokenEmbeddings,
 };
 use crate::transformer::{Dims, Encoder};
 
@@ -171,7 +171,7 @@ impl Encoder for Gte {
         let mut x = self.norm.forward(&self.embeddings.forward(batch)?)?;
         let dtype = x.dtype();
         let (cos, sin) = self.rotary.cos_sin(&batch.positions(0, 0)?, dtype)?;
-        let mask = batch.key_mask(dtype)?;
+        let mask = Bias::keys(batch.key_mask(dtype)?);
         let h = c.dims.hidden;
         let scale = 1.0 / ((h / c.heads) as f64).sqrt();
         for layer in &self.layers {

@@ -28,13 +28,58 @@ pub(crate) fn merge_heads(x: &Tensor) -> candle_core::Result<Tensor> {
 }
 
 /// The most attention scores (rows × heads × queries × keys) made at once: a long text's queries are taken a piece at
-/// a time, so that an 8,192-token text's scores (12 heads: 800 million, 3 GB in F32) never exist whole.
+/// a time, so that an 8,192-token text's scores (12 heads: 800 million, 3 GB in F32) never exist whole, nor do its
+/// masks (a pair mask of 32,768 tokens would be 4 GB).
 const MAX_SCORES: usize = 1 << 26;
 
+/// What attention adds to the scores of a piece of queries: `[rows or 1, heads or 1, 1 or n, keys]` for the queries
+/// `start..start + n`. Made whole once where the whole is small, and every layer reads it; else made again for each
+/// piece.
+pub(crate) struct Bias<'a> {
+    make: Box<dyn Fn(usize, usize) -> candle_core::Result<Tensor> + 'a>,
+    whole: Option<Tensor>,
+}
+
+impl<'a> Bias<'a> {
+    /// A bias that is the same for every query (a key mask): made once.
+    pub(crate) fn keys(mask: Tensor) -> Bias<'a> {
+        Bias { make: Box::new(move |_, _| candle_core::bail!("a key mask is made whole")), whole: Some(mask) }
+    }
+
+    /// A bias per query of `queries` (and each of `rows × keys`), made by `make(start, n)`.
+    pub(crate) fn per_query(
+        rows: usize,
+        queries: usize,
+        keys: usize,
+        make: impl Fn(usize, usize) -> candle_core::Result<Tensor> + 'a,
+    ) -> candle_core::Result<Bias<'a>> {
+        let whole = match rows * queries * keys <= MAX_SCORES {
+            true => Some(make(0, queries)?),
+            false => None,
+        };
+        Ok(Bias { make: Box::new(make), whole })
+    }
+
+    /// The bias of queries `start..start + n` of `queries`.
+    fn piece(&self, start: usize, n: usize, queries: usize) -> candle_core::Result<Tensor> {
+        match &self.whole {
+            Some(whole) if whole.dim(2)? == 1 || (start, n) == (0, queries) => Ok(whole.clone()),
+            Some(whole) => whole.narrow(2, start, n),
+            None => (self.make)(start, n),
+        }
+    }
+}
+
 /// Scaled dot-product attention of `[rows, heads, seq, dim]` queries, keys and values, with `bias` added to the
-/// scores (an additive mask, broadcast: `[rows, 1, 1 or seq, seq]`, or a position bias): `[rows, heads, seq, dim]`.
-/// Keys and values with fewer heads than the queries (grouped-query attention) are shared by groups of them.
-pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f64) -> candle_core::Result<Tensor> {
+/// scores (an additive mask, or a position bias): `[rows, heads, seq, dim]`. Keys and values with fewer heads than
+/// the queries (grouped-query attention) are shared by groups of them.
+pub(crate) fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: &Bias<'_>,
+    scale: f64,
+) -> candle_core::Result<Tensor> {
     attention_within(q, k, v, bias, scale, MAX_SCORES)
 }
 
@@ -43,7 +88,7 @@ fn attention_within(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    bias: &Tensor,
+    bias: &Bias<'_>,
     scale: f64,
     max_scores: usize,
 ) -> candle_core::Result<Tensor> {
@@ -55,15 +100,12 @@ fn attention_within(
     };
     let piece = (max_scores / (rows * heads * k.dim(2)?).max(1)).max(1);
     if piece >= queries {
-        return attend(q, &k, &v, bias, scale);
+        return attend(q, &k, &v, &bias.piece(0, queries, queries)?, scale);
     }
     let mut pieces = Vec::with_capacity(queries.div_ceil(piece));
     for start in (0..queries).step_by(piece) {
         let n = piece.min(queries - start);
-        let bias = match bias.dim(2)? {
-            1 => bias.clone(),
-            _ => bias.narrow(2, start, n)?,
-        };
+        let bias = bias.piece(start, n, queries)?;
         pieces.push(attend(&q.narrow(2, start, n)?.contiguous()?, &k, &v, &bias, scale)?);
     }
     Tensor::cat(&pieces, 2)
@@ -254,7 +296,7 @@ impl TokenEmbeddings {
 mod tests {
     use candle_core::{Device, Tensor};
 
-    use super::{attention_within, MAX_SCORES};
+    use super::{attention_within, Bias, MAX_SCORES};
 
     #[test]
     fn attention_in_pieces_of_queries_is_attention_whole() {
@@ -264,17 +306,26 @@ mod tests {
         let tensor =
             |seed: f32| Tensor::from_vec(values(rows * heads * seq * dim, seed), (rows, heads, seq, dim), &device);
         let (q, k, v) = (tensor(0.0).expect("q"), tensor(1.0).expect("k"), tensor(2.0).expect("v"));
-        // Two keys of the second row masked, and a bias per query and key.
+        // Two keys of the second row masked, and a bias per query and key made a piece at a time.
         let mut mask = vec![0f32; rows * seq];
         mask[seq + 7..2 * seq].fill(-1e30);
         let mask = Tensor::from_vec(mask, (rows, 1, 1, seq), &device).expect("mask");
         let pair = Tensor::from_vec(values(seq * seq, 3.0), (1, 1, seq, seq), &device).expect("pair");
-        for bias in [mask.clone(), pair.broadcast_add(&mask).expect("bias")] {
-            let whole = attention_within(&q, &k, &v, &bias, 0.35, MAX_SCORES).expect("whole");
-            // Pieces of 2 queries, the last of 1.
-            let pieces = attention_within(&q, &k, &v, &bias, 0.35, rows * heads * seq * 2).expect("pieces");
-            let difference = (whole - pieces).expect("sub").abs().expect("abs").max_all().expect("max");
-            assert!(difference.to_scalar::<f32>().expect("scalar") < 1e-6);
-        }
+        let per_query = |start: usize, n: usize| pair.narrow(2, start, n)?.broadcast_add(&mask);
+        let whole = attention_within(&q, &k, &v, &Bias::keys(mask.clone()), 0.35, MAX_SCORES).expect("whole");
+        let pieces = attention_within(&q, &k, &v, &Bias::keys(mask.clone()), 0.35, rows * heads * seq * 2);
+        assert_close(&whole, &pieces.expect("pieces"));
+        // Pieces of 2 queries (the last of 1), each bias made for its piece, or cut from the whole.
+        let made = Bias { make: Box::new(per_query), whole: None };
+        let whole = attention_within(&q, &k, &v, &made, 0.35, MAX_SCORES).expect("whole");
+        let pieces = attention_within(&q, &k, &v, &made, 0.35, rows * heads * seq * 2).expect("pieces");
+        assert_close(&whole, &pieces);
+        let kept = Bias::per_query(rows, seq, seq, per_query).expect("bias");
+        assert_close(&whole, &attention_within(&q, &k, &v, &kept, 0.35, rows * heads * seq * 2).expect("pieces"));
+    }
+
+    fn assert_close(a: &Tensor, b: &Tensor) {
+        let difference = (a - b).expect("sub").abs().expect("abs").max_all().expect("max");
+        assert!(difference.to_scalar::<f32>().expect("scalar") < 1e-6);
     }
 }

@@ -416,7 +416,7 @@ impl CandleEngine {
 fn token_ids(t: &Tensor, limit: i64, name: &str) -> Result<Vec<u32>> {
     let values = t.to_vec::<i64>()?;
     match values.iter().find(|&&v| !(0..limit).contains(&v)) {
-        Some(bad) => Err(Error::InvalidInput(format!("{name}: {bad} is not below the model's {limit}"))),
+        Some(bad) => Err(Error::InvalidInput(format!("{name}: {bad} is not in the model's range 0 to {}", limit - 1))),
         // Below a usize vocabulary's size, and vocabularies are far below u32::MAX.
         None => Ok(values.into_iter().map(|v| v as u32).collect()),
     }

@@ -9,7 +9,7 @@ use candle_nn::{Activation, Embedding, LayerNorm, LayerNormConfig, Linear, VarBu
 
 use crate::batch::Batch;
 use crate::layers::{
-    attention, field, field_or, gated, hidden_and_heads, linear, merge_heads, rotate, under, RopeSettings, Rotary,
+    attention, field, field_or, gated, hidden_and_heads, linear, merge_heads, rotate, under, Bias, RopeSettings, Rotary,
 };
 use crate::transformer::{last_linear, Dims, Encoder, Head};
 
@@ -176,10 +176,12 @@ impl Encoder for ModernBert {
         let positions = batch.positions(0, 0)?;
         let (global_cos, global_sin) = self.global_rotary.cos_sin(&positions, dtype)?;
         let (local_cos, local_sin) = self.local_rotary.cos_sin(&positions, dtype)?;
-        let global_mask = batch.key_mask(dtype)?;
+        let global_mask = Bias::keys(batch.key_mask(dtype)?);
         let half = c.half_window;
         let local_mask = match c.local.iter().any(|&l| l) {
-            true => Some(batch.pair_mask(dtype, move |q, k| q.abs_diff(k) <= half)?),
+            true => Some(Bias::per_query(batch.rows, batch.seq, batch.seq, move |start, n| {
+                batch.pair_mask(dtype, move |q, k| q.abs_diff(k) <= half, start, n)
+            })?),
             false => None,
         };
         let (rows, seq, h) = x.dims3()?;

@@ -7,7 +7,7 @@ use candle_core::{Module, Tensor};
 use candle_nn::{Activation, Embedding, LayerNorm, Linear, VarBuilder};
 
 use crate::batch::Batch;
-use crate::layers::{attention, field, field_or, hidden_and_heads, linear, merge_heads, split_heads, under};
+use crate::layers::{attention, field, field_or, hidden_and_heads, linear, merge_heads, split_heads, under, Bias};
 use crate::transformer::{last_linear, Dims, Encoder, Head};
 
 /// The distance past which every bucket is the last of its direction, as MPNet fixes it.
@@ -38,7 +38,14 @@ impl Config {
             activation: field_or(json, "hidden_act", Activation::Gelu)?,
             positions: field(json, "max_position_embeddings")?,
             eps: field_or(json, "layer_norm_eps", 1e-5)?,
-            buckets: field_or(json, "relative_attention_num_buckets", 32)?,
+            buckets: match field_or(json, "relative_attention_num_buckets", BUCKETS)? {
+                n if n < BUCKETS => {
+                    return Err(format!(
+                    "relative_attention_num_buckets: {n}; MPNet computes {BUCKETS} buckets, so its table needs as many"
+                ))
+                }
+                n => n,
+            },
             pad: field_or(json, "pad_token_id", 1)?,
         })
     }
@@ -97,15 +104,15 @@ impl MPNet {
         })
     }
 
-    /// The bias `[1, heads, seq, seq]` of each query (row) and key (column) `seq` tokens apart.
-    fn position_bias(&self, seq: usize) -> candle_core::Result<Tensor> {
-        let buckets: Vec<u32> = (0..seq as i64)
-            .flat_map(|q| (0..seq as i64).map(move |k| (q, k)))
-            .map(|(q, k)| bucket(k - q, BUCKETS))
+    /// The bias `[1, heads, n, seq]` of each query `start..start + n` (row) and key (column) of `seq` tokens.
+    fn position_bias(&self, start: usize, n: usize, seq: usize) -> candle_core::Result<Tensor> {
+        let buckets: Vec<u32> = (start..start + n)
+            .flat_map(|q| (0..seq).map(move |k| (q, k)))
+            .map(|(q, k)| bucket(k as i64 - q as i64, BUCKETS))
             .collect();
-        let buckets = Tensor::from_vec(buckets, seq * seq, self.relative_bias.device())?;
+        let buckets = Tensor::from_vec(buckets, n * seq, self.relative_bias.device())?;
         let heads = self.config.heads;
-        self.relative_bias.index_select(&buckets, 0)?.reshape((seq, seq, heads))?.permute((2, 0, 1))?.unsqueeze(0)
+        self.relative_bias.index_select(&buckets, 0)?.reshape((n, seq, heads))?.permute((2, 0, 1))?.unsqueeze(0)
     }
 }
 
@@ -146,8 +153,12 @@ impl Encoder for MPNet {
         let x = (x + self.positions.forward(&batch.positions(pad + 1, pad)?)?)?;
         let mut x = self.norm.forward(&x)?;
         // Distances between real tokens are the same in any padding: the padded columns are masked.
-        let bias = self.position_bias(batch.seq)?.to_dtype(dtype)?.broadcast_add(&batch.key_mask(dtype)?)?;
+        let keys = batch.key_mask(dtype)?;
         let heads = self.config.heads;
+        let (rows, seq) = (batch.rows, batch.seq);
+        let bias = Bias::per_query(rows * heads, seq, seq, |start, n| {
+            self.position_bias(start, n, seq)?.to_dtype(dtype)?.broadcast_add(&keys)
+        })?;
         let scale = 1.0 / ((self.config.dims.hidden / heads) as f64).sqrt();
         for layer in &self.layers {
             let (q, k, v) = (layer.q.forward(&x)?, layer.k.forward(&x)?, layer.v.forward(&x)?);

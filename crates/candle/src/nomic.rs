@@ -9,7 +9,7 @@ use candle_nn::{Activation, LayerNorm, Linear, VarBuilder};
 use crate::batch::Batch;
 use crate::layers::{
     attention, field, field_or, gated, hidden_and_heads, linear, merge_heads, rotate, rotate_interleaved, split_heads,
-    under, Rotary, TokenEmbeddings,
+    under, Bias, Rotary, TokenEmbeddings,
 };
 use crate::transformer::{Dims, Encoder};
 
@@ -23,7 +23,6 @@ pub(crate) struct Config {
     pub dims: Dims,
     layers: usize,
     heads: usize,
-    intermediate: usize,
     /// The activation, and whether the MLP is gated.
     activation: (Activation, bool),
     eps: f64,
@@ -49,17 +48,33 @@ impl Config {
         if field_or::<Option<f64>>(json, "rotary_scaling_factor", None)?.is_some() {
             return Err("rotary_scaling_factor: dynamic NTK scaling is not supported; set it to null".into());
         }
+        // What would change the arithmetic unseen: refused, each by its key.
+        for (key, refused) in [
+            ("norm_mlp", "a LayerNorm after the gated MLP"),
+            ("use_rms_norm", "RMSNorm"),
+            ("causal", "causal attention"),
+        ] {
+            if field_or(json, key, false)? {
+                return Err(format!("{key}: {refused} is not supported; inferd runs NomicBERT without it"));
+            }
+        }
+        if !json.get("rotary_emb_scale_base").is_none_or(serde_json::Value::is_null) {
+            return Err("rotary_emb_scale_base: the scaled rotary embedding (xPos) is not supported".into());
+        }
+        if field_or(json, "moe_every_n_layers", 0usize)? > 0 || field_or(json, "num_experts", 0usize)? > 0 {
+            return Err(
+                "moe_every_n_layers: NomicBERT's mixture of experts (nomic-embed-text-v2-moe) is not supported".into(),
+            );
+        }
         let name: String = field_or(json, "activation_function", "gelu_new".to_owned())?;
         let activation = match name.as_str() {
             "swiglu" => (Activation::Silu, true),
             "geglu" => (Activation::Gelu, true),
             "glu" => (Activation::Sigmoid, true),
-            // The block is given the function: every spelling of GELU is the exact one.
-            "gelu" | "gelu_new" | "gelu_fast" | "gelu_pytorch_tanh" => (Activation::Gelu, false),
-            "relu" => (Activation::Relu, false),
+            // Its block is given exact GELU for every other name, whatever the name says.
+            "gelu" | "gelu_new" | "gelu_fast" | "gelu_pytorch_tanh" | "relu" => (Activation::Gelu, false),
             other => return Err(format!("activation_function: `{other}` is not swiglu, geglu, glu, gelu or relu")),
         };
-        let hidden_default = 4 * hidden;
         Ok(Config {
             dims: Dims {
                 hidden,
@@ -68,7 +83,6 @@ impl Config {
             },
             layers: field(json, "n_layer")?,
             heads,
-            intermediate: field_or::<Option<usize>>(json, "n_inner", None)?.unwrap_or(hidden_default),
             activation,
             eps: field_or(json, "layer_norm_epsilon", 1e-5)?,
             theta: field_or(json, "rotary_emb_base", 10_000.0)?,
@@ -101,12 +115,15 @@ impl NomicBert {
     pub(crate) fn load(root: &VarBuilder, config: Config) -> candle_core::Result<NomicBert> {
         let vb = under(root, "bert", "embeddings.word_embeddings.weight");
         let c = &config;
-        let (h, inner) = (c.dims.hidden, c.intermediate);
+        let h = c.dims.hidden;
         let layers = (0..c.layers)
             .map(|i| {
                 let l = vb.pp(format!("encoder.layers.{i}"));
                 let m = l.pp("mlp");
                 let (activation, is_gated) = c.activation;
+                // The MLP's width as stored: NomicBERT rounds `n_inner` (or its default) up to a multiple of 256 for
+                // a gated MLP, so the weights say it, not the config.
+                let inner = m.pp("fc2").get_unchecked("weight")?.dim(1)?;
                 Ok(Layer {
                     qkv: linear(h, 3 * h, c.qkv_bias, l.pp("attn.Wqkv"))?,
                     o: linear(h, h, c.qkv_bias, l.pp("attn.out_proj"))?,
@@ -148,7 +165,7 @@ impl Encoder for NomicBert {
             true => rotate_interleaved(t, &cos, &sin),
             false => rotate(t, &cos, &sin),
         };
-        let mask = batch.key_mask(dtype)?;
+        let mask = Bias::keys(batch.key_mask(dtype)?);
         let h = c.dims.hidden;
         let scale = 1.0 / ((h / c.heads) as f64).sqrt();
         for layer in &self.layers {

@@ -8,7 +8,7 @@ use candle_nn::{Activation, Embedding, Linear, RmsNorm, VarBuilder};
 
 use crate::batch::Batch;
 use crate::layers::{
-    attention, field, field_or, gated, linear, merge_heads, rotate, split_heads, under, RopeSettings, Rotary,
+    attention, field, field_or, gated, linear, merge_heads, rotate, split_heads, under, Bias, RopeSettings, Rotary,
 };
 use crate::transformer::{Dims, Encoder};
 
@@ -32,7 +32,10 @@ impl Config {
         let hidden: usize = field(json, "hidden_size")?;
         let heads: usize = field(json, "num_attention_heads")?;
         let kv_heads: usize = field_or(json, "num_key_value_heads", heads)?;
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+        if heads == 0 {
+            return Err("num_attention_heads: 0".into());
+        }
+        if kv_heads == 0 || heads % kv_heads != 0 {
             return Err(format!("num_key_value_heads: {kv_heads} does not divide num_attention_heads {heads}"));
         }
         let head_dim = match field_or::<Option<usize>>(json, "head_dim", None)? {
@@ -40,8 +43,8 @@ impl Config {
             None if hidden % heads == 0 => hidden / heads,
             None => return Err(format!("num_attention_heads: {heads} heads do not divide hidden_size {hidden}")),
         };
-        if head_dim % 2 != 0 {
-            return Err(format!("head_dim: {head_dim} is odd; the rotary embedding pairs dimensions"));
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(format!("head_dim: {head_dim}; the rotary embedding pairs a head's dimensions"));
         }
         let layers: usize = field(json, "num_hidden_layers")?;
         let sliding: Option<usize> = match field_or(json, "use_sliding_window", false)? {
@@ -152,10 +155,13 @@ impl Encoder for Qwen3 {
         let mut x = self.words.forward(&batch.ids)?;
         let dtype = x.dtype();
         let (cos, sin) = self.rotary.cos_sin(&batch.positions(0, 0)?, dtype)?;
-        let causal = batch.pair_mask(dtype, |q, k| k <= q)?;
+        let (rows, seq) = (batch.rows, batch.seq);
+        let causal = Bias::per_query(rows, seq, seq, |start, n| batch.pair_mask(dtype, |q, k| k <= q, start, n))?;
         // One window size for every sliding layer.
         let windowed = match c.windows.iter().flatten().next() {
-            Some(&w) => Some(batch.pair_mask(dtype, move |q, k| k <= q && q - k < w)?),
+            Some(&w) => Some(Bias::per_query(rows, seq, seq, move |start, n| {
+                batch.pair_mask(dtype, move |q, k| k <= q && q - k < w, start, n)
+            })?),
             None => None,
         };
         let scale = 1.0 / (c.head_dim as f64).sqrt();

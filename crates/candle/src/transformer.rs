@@ -316,6 +316,13 @@ mod tests {
         let nomic = r#"{"model_type": "nomic_bert", "n_embd": 32, "n_head": 4, "n_layer": 2, "vocab_size": 10,
             "rotary_emb_fraction": 0.5}"#;
         assert!(refusal(nomic).contains("rotary_emb_fraction: 0.5"), "{}", refusal(nomic));
+        let norm_mlp = r#"{"model_type": "nomic_bert", "n_embd": 32, "n_head": 4, "n_layer": 2, "vocab_size": 10,
+            "rotary_emb_fraction": 1.0, "norm_mlp": true}"#;
+        assert!(refusal(norm_mlp).contains("norm_mlp: a LayerNorm after the gated MLP"), "{}", refusal(norm_mlp));
+        let buckets = r#"{"model_type": "mpnet", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2,
+            "intermediate_size": 64, "vocab_size": 10, "max_position_embeddings": 20,
+            "relative_attention_num_buckets": 16}"#;
+        assert!(refusal(buckets).contains("relative_attention_num_buckets: 16"), "{}", refusal(buckets));
         let missing = r#"{"model_type": "qwen3", "hidden_size": 32}"#;
         assert!(refusal(missing).contains("num_attention_heads: missing"), "{}", refusal(missing));
     }

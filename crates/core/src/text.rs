@@ -122,9 +122,9 @@ pub struct TextSettings {
 /// The few fields of the hub's `config.json` that matter here.
 #[derive(Deserialize)]
 struct HubConfig {
-    /// `n_positions` in NomicBERT's GPT-2-style keys.
-    #[serde(alias = "n_positions")]
     max_position_embeddings: Option<usize>,
+    /// NomicBERT's GPT-2-style name for it.
+    n_positions: Option<usize>,
     vocab_size: Option<usize>,
     model_type: Option<String>,
     pad_token_id: Option<usize>,
@@ -137,7 +137,7 @@ impl HubConfig {
     /// The positions a text may take: RoBERTa's family and MPNet number positions from `pad_token_id + 1`, so they
     /// take that many fewer than their table holds.
     fn positions(&self) -> Option<usize> {
-        let table = self.max_position_embeddings?;
+        let table = self.max_position_embeddings.or(self.n_positions)?;
         match self.model_type.as_deref() {
             Some(kind) if is_roberta(kind) || kind == "mpnet" => {
                 Some(table.saturating_sub(self.pad_token_id.unwrap_or(1) + 1))

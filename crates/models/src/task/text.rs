@@ -228,6 +228,10 @@ impl TextFront {
         }
         .map_err(invalid)?;
         let (len, max) = (encoding.get_ids().len(), self.info.max_seq_len);
+        if len == 0 {
+            // A tokenizer without special tokens may read nothing in a text of spaces: nothing to run.
+            return Err(TaskError::Invalid(format!("text {i} has no tokens for this model's tokenizer")));
+        }
         if len > max {
             let what = if pair { "pair" } else { "text" };
             return Err(TaskError::Invalid(format!(
