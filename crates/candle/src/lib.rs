@@ -202,7 +202,7 @@ impl CandleEngine {
         memory::log_gpu_free(&device, &config.name, "device ready");
         let (model, inputs, outputs, text) = match (text, plan) {
             (Some(settings), Some(plan)) => {
-                let model = plan.load(&config.dir, &config.file, wants, settings.pooling, dtype, &device)?;
+                let model = plan.load(&config.file, wants, settings.pooling, dtype, &device)?;
                 let token =
                     |name: &str| TensorSpec { name: name.into(), datatype: DataType::Int64, shape: vec![-1, -1] };
                 let inputs = vec![token(INPUT_IDS), token(ATTENTION_MASK), token(TOKEN_TYPE_IDS)];

@@ -159,9 +159,19 @@ const SUPPORTED: &str = "BERT, RoBERTa, XLM-RoBERTa, CamemBERT, DistilBERT (mode
 
 /// A text model's settings from the folder: its `config.json` read and checked before any weight is.
 pub(crate) struct Plan {
-    kind: Kind,
+    config: Parsed,
     json: serde_json::Value,
     path: std::path::PathBuf,
+}
+
+/// A `config.json` read into its architecture's own terms.
+enum Parsed {
+    Bert(candle_transformers::models::bert::Config),
+    MPNet(mpnet::Config),
+    ModernBert(modernbert::Config),
+    NomicBert(nomic::Config),
+    Gte(gte::Config),
+    Qwen3(qwen3::Config),
 }
 
 impl Plan {
@@ -186,91 +196,72 @@ impl Plan {
         };
         // Every check of the configuration happens here, before a weight is read.
         let bad = |message: String| Error::config(&path, message);
-        match kind {
-            Kind::Bert => drop(crate::bert::read_config(dir)?),
-            Kind::MPNet => drop(mpnet::Config::read(&json).map_err(bad)?),
-            Kind::ModernBert => drop(modernbert::Config::read(&json).map_err(bad)?),
-            Kind::NomicBert => drop(nomic::Config::read(&json).map_err(bad)?),
-            Kind::Gte => drop(gte::Config::read(&json).map_err(bad)?),
-            Kind::Qwen3 => drop(qwen3::Config::read(&json).map_err(bad)?),
-        }
-        Ok(Plan { kind, json, path })
+        let config = match kind {
+            Kind::Bert => Parsed::Bert(crate::bert::read_config(dir)?),
+            Kind::MPNet => Parsed::MPNet(mpnet::Config::read(&json).map_err(bad)?),
+            Kind::ModernBert => Parsed::ModernBert(modernbert::Config::read(&json).map_err(bad)?),
+            Kind::NomicBert => Parsed::NomicBert(nomic::Config::read(&json).map_err(bad)?),
+            Kind::Gte => Parsed::Gte(gte::Config::read(&json).map_err(bad)?),
+            Kind::Qwen3 => Parsed::Qwen3(qwen3::Config::read(&json).map_err(bad)?),
+        };
+        Ok(Plan { config, json, path })
     }
 
     /// Loads the weights of `file` in `dtype` onto `device`, computing `wants`.
     pub(crate) fn load(
         self,
-        dir: &Path,
         file: &Path,
         wants: &[Contract],
         pooling: Pooling,
         dtype: DType,
         device: &Device,
     ) -> Result<Box<dyn TextModel>> {
-        let headed = |kind| matches!(kind, Kind::MPNet | Kind::ModernBert);
+        let config = match self.config {
+            Parsed::Bert(config) => return Ok(Box::new(Bert::load(file, config, wants, pooling, dtype, device)?)),
+            other => other,
+        };
+        let headed = matches!(config, Parsed::MPNet(_) | Parsed::ModernBert(_));
+        let modern = matches!(config, Parsed::ModernBert(_));
         let serves = |c: &Contract| match c {
             Contract::Pooled | Contract::TokenStates => true,
-            Contract::SequenceScores => headed(self.kind),
+            Contract::SequenceScores => headed,
             _ => false,
         };
-        if let Some(&head) = wants.iter().find(|c| !serves(c)) {
-            if self.kind != Kind::Bert && wants[0] == head {
-                return Err(Error::config(
-                    &self.path,
-                    format!(
-                        "model_type \"{}\": inferd has no {} head for it on candle",
-                        self.model_type(),
-                        head.as_str()
-                    ),
-                ));
-            }
+        if !serves(&wants[0]) {
+            return Err(Error::config(
+                &self.path,
+                format!(
+                    "model_type \"{}\": inferd has no {} head for it on candle",
+                    self.json.get("model_type").and_then(|t| t.as_str()).unwrap_or(""),
+                    wants[0].as_str()
+                ),
+            ));
         }
         let weights = |e: candle_core::Error| Error::config(file, format!("cannot load the model's weights: {e}"));
-        let root = || {
-            // SAFETY: the map lives only while VarBuilder copies each tensor onto the device, and inferd never
-            // writes model files.
-            #[allow(unsafe_code)]
-            let root = unsafe { VarBuilder::from_mmaped_safetensors(&[file], dtype, device) };
-            root.map_err(weights)
-        };
-        let bad = |message: String| Error::config(&self.path, message);
-        let json = &self.json;
-        let encoder: Box<dyn Encoder> = match self.kind {
-            Kind::Bert => {
-                let config = crate::bert::read_config(dir)?;
-                return Ok(Box::new(Bert::load(file, config, wants, pooling, dtype, device)?));
-            }
-            Kind::MPNet => {
-                Box::new(mpnet::MPNet::load(&root()?, mpnet::Config::read(json).map_err(bad)?).map_err(weights)?)
-            }
-            Kind::ModernBert => Box::new(
-                modernbert::ModernBert::load(&root()?, modernbert::Config::read(json).map_err(bad)?)
-                    .map_err(weights)?,
-            ),
-            Kind::NomicBert => {
-                Box::new(nomic::NomicBert::load(&root()?, nomic::Config::read(json).map_err(bad)?).map_err(weights)?)
-            }
-            Kind::Gte => Box::new(gte::Gte::load(&root()?, gte::Config::read(json).map_err(bad)?).map_err(weights)?),
-            Kind::Qwen3 => {
-                Box::new(qwen3::Qwen3::load(&root()?, qwen3::Config::read(json).map_err(bad)?).map_err(weights)?)
-            }
+        // SAFETY: the map lives only while VarBuilder copies each tensor onto the device, and inferd never writes
+        // model files.
+        #[allow(unsafe_code)]
+        let root = unsafe { VarBuilder::from_mmaped_safetensors(&[file], dtype, device) }.map_err(weights)?;
+        let encoder: Box<dyn Encoder> = match config {
+            Parsed::MPNet(c) => Box::new(mpnet::MPNet::load(&root, c).map_err(weights)?),
+            Parsed::ModernBert(c) => Box::new(modernbert::ModernBert::load(&root, c).map_err(weights)?),
+            Parsed::NomicBert(c) => Box::new(nomic::NomicBert::load(&root, c).map_err(weights)?),
+            Parsed::Gte(c) => Box::new(gte::Gte::load(&root, c).map_err(weights)?),
+            Parsed::Qwen3(c) => Box::new(qwen3::Qwen3::load(&root, c).map_err(weights)?),
+            Parsed::Bert(_) => return Err(Error::Unsupported("BERT's family loads above".into())),
         };
         let contracts: Vec<Contract> = wants.iter().copied().filter(serves).collect();
         let head = match contracts.contains(&Contract::SequenceScores) {
             false => None,
             true => {
                 let hidden = encoder.dims().hidden;
-                Some(match self.kind {
-                    Kind::ModernBert => modernbert::head(&root()?, json, hidden).map_err(weights)?,
-                    _ => mpnet::head(&root()?, hidden).map_err(weights)?,
+                Some(match modern {
+                    true => modernbert::head(&root, &self.json, hidden).map_err(weights)?,
+                    false => mpnet::head(&root, hidden).map_err(weights)?,
                 })
             }
         };
         Ok(Box::new(Transformer { encoder, pooling, contracts, head }))
-    }
-
-    fn model_type(&self) -> &str {
-        self.json.get("model_type").and_then(|t| t.as_str()).unwrap_or("")
     }
 }
 
