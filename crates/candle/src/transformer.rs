@@ -166,7 +166,7 @@ pub(crate) struct Plan {
 
 /// A `config.json` read into its architecture's own terms.
 enum Parsed {
-    Bert(candle_transformers::models::bert::Config),
+    Bert(crate::bert::Config),
     MPNet(mpnet::Config),
     ModernBert(modernbert::Config),
     NomicBert(nomic::Config),
@@ -197,7 +197,7 @@ impl Plan {
         // Every check of the configuration happens here, before a weight is read.
         let bad = |message: String| Error::config(&path, message);
         let config = match kind {
-            Kind::Bert => Parsed::Bert(crate::bert::read_config(dir)?),
+            Kind::Bert => Parsed::Bert(crate::bert::Config::read(&json).map_err(bad)?),
             Kind::MPNet => Parsed::MPNet(mpnet::Config::read(&json).map_err(bad)?),
             Kind::ModernBert => Parsed::ModernBert(modernbert::Config::read(&json).map_err(bad)?),
             Kind::NomicBert => Parsed::NomicBert(nomic::Config::read(&json).map_err(bad)?),

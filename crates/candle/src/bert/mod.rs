@@ -4,21 +4,26 @@
 //! row of logits per sequence) or of a `*ForTokenClassification` one (a row per token), or SPLADE's sparse weights
 //! through the masked-LM head of a `*ForMaskedLM` model.
 //!
-//! The encoder layers are candle-transformers'. The embeddings and the attention mask are built here: its
-//! `BertModel` casts `f32::MIN` into the model's dtype for the mask, which is −∞ in FP16 and BF16, and
-//! `0 × −∞` turns every unmasked score into NaN. Here the additive mask is made in F32 from the dtype's own
-//! lowest finite value and cast after, so FP16 and BF16 compute as FP32 does. RoBERTa's family differs from BERT
-//! only in where positions start (past the padding id), in having one token type, and in its head. DistilBERT's
-//! layers are BERT's under other names (read through a renaming of its tensors), with no token types, its own
-//! config keys and its own head.
+//! The encoder layers are in `encoder.rs`, the configuration in `config.rs`. The additive attention mask is made in
+//! F32 from the dtype's own lowest finite value and cast after (`f32::MIN` cast into FP16 or BF16 is −∞, and
+//! `0 × −∞` would turn every unmasked score into NaN), so FP16 and BF16 compute as FP32 does. RoBERTa's family
+//! differs from BERT only in where positions start (past the padding id), in having one token type, and in its head.
+//! DistilBERT's layers are BERT's under other names (read through a renaming of its tensors), with no token types,
+//! its own config keys and its own head.
+
+mod config;
+mod encoder;
 
 use std::path::Path;
 
 use candle_core::{DType, Device, Module, Tensor};
-use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
-use candle_transformers::models::bert::{BertEncoder, Config, HiddenAct};
+use candle_nn::{Activation, Embedding, LayerNorm, Linear, VarBuilder};
 use inferd_core::text::{is_roberta, Contract};
 use inferd_core::{Error, Pooling, Result};
+
+pub(crate) use config::Config;
+use config::{distil_name, DISTILBERT};
+use encoder::Encoder;
 
 use crate::batch::Batch;
 use crate::transformer::{last_linear, Dims, TextModel};
@@ -30,7 +35,7 @@ pub(crate) struct Bert {
     /// `None` in DistilBERT, which has none.
     token_types: Option<Embedding>,
     norm: LayerNorm,
-    encoder: BertEncoder,
+    encoder: Encoder,
     /// How a pooled vector is made from the last hidden state.
     pooling: Pooling,
     /// The contracts it computes, in the order it was asked for them.
@@ -58,7 +63,7 @@ enum SequenceHead {
 /// vocabulary, whose weight is the word embeddings' where the checkpoint ties them (and stores none of its own).
 struct MlmHead {
     dense: Linear,
-    activation: HiddenAct,
+    activation: Activation,
     norm: LayerNorm,
     /// The decoder's weight transposed, `[hidden, vocab]`, contiguous: a matrix product reads it as it is, where the
     /// tied `[vocab, hidden]` table would be copied into that layout on every batch.
@@ -83,81 +88,6 @@ impl Family {
             _ => Family::Bert,
         }
     }
-}
-
-const DISTILBERT: &str = "distilbert";
-
-/// DistilBERT's `config.json`: its own names for BERT's sizes.
-#[derive(serde::Deserialize)]
-struct DistilConfig {
-    vocab_size: usize,
-    dim: usize,
-    n_layers: usize,
-    n_heads: usize,
-    hidden_dim: usize,
-    activation: HiddenAct,
-    max_position_embeddings: usize,
-    #[serde(default)]
-    pad_token_id: usize,
-    #[serde(default)]
-    sinusoidal_pos_embds: bool,
-}
-
-/// BERT's name of a layer tensor → DistilBERT's: `encoder.layer.N.attention.self.query.weight` →
-/// `transformer.layer.N.attention.q_lin.weight`, and so on. Names outside the layers are the same.
-fn distil_name(name: &str) -> String {
-    const PARTS: [(&str, &str); 8] = [
-        (".attention.self.query.", ".attention.q_lin."),
-        (".attention.self.key.", ".attention.k_lin."),
-        (".attention.self.value.", ".attention.v_lin."),
-        (".attention.output.dense.", ".attention.out_lin."),
-        (".attention.output.LayerNorm.", ".sa_layer_norm."),
-        (".intermediate.dense.", ".ffn.lin1."),
-        (".output.dense.", ".ffn.lin2."),
-        (".output.LayerNorm.", ".output_layer_norm."),
-    ];
-    if !name.contains("encoder.layer.") {
-        return name.to_owned();
-    }
-    let name = name.replacen("encoder.layer.", "transformer.layer.", 1);
-    match PARTS.iter().find(|(bert, _)| name.contains(bert)) {
-        Some((bert, distil)) => name.replacen(bert, distil, 1),
-        None => name,
-    }
-}
-
-/// Reads a folder's `config.json`; DistilBERT's is read into BERT's terms.
-pub(crate) fn read_config(dir: &Path) -> Result<Config> {
-    let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| Error::config(&path, format!("a bert model needs the hub's config.json: {e}")))?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| Error::config(&path, format!("not JSON: {e}")))?;
-    if json.get("model_type").and_then(|t| t.as_str()) != Some(DISTILBERT) {
-        return serde_json::from_value(json)
-            .map_err(|e| Error::config(&path, format!("not a BERT configuration: {e}")));
-    }
-    let c: DistilConfig = serde_json::from_value(json)
-        .map_err(|e| Error::config(&path, format!("not a DistilBERT configuration: {e}")))?;
-    if c.sinusoidal_pos_embds {
-        return Err(Error::config(&path, "sinusoidal_pos_embds: only learned position embeddings are supported"));
-    }
-    Ok(Config {
-        vocab_size: c.vocab_size,
-        hidden_size: c.dim,
-        num_hidden_layers: c.n_layers,
-        num_attention_heads: c.n_heads,
-        intermediate_size: c.hidden_dim,
-        hidden_act: c.activation,
-        max_position_embeddings: c.max_position_embeddings,
-        // No token type embeddings: one type, never looked up.
-        type_vocab_size: 1,
-        // transformers' DistilBERT fixes its LayerNorms' epsilon.
-        layer_norm_eps: 1e-12,
-        pad_token_id: c.pad_token_id,
-        model_type: Some(DISTILBERT.to_owned()),
-        ..Config::default()
-    })
 }
 
 /// The most logits a sparse run holds at once (rows × tokens × vocabulary): a batch's masked-LM logits are made and
@@ -235,7 +165,7 @@ impl Bert {
                 ),
             },
             norm: candle_nn::layer_norm(hidden, c.layer_norm_eps, e.pp("LayerNorm")).map_err(weights)?,
-            encoder: BertEncoder::load(vb.pp("encoder"), c).map_err(weights)?,
+            encoder: Encoder::load(vb.pp("encoder"), c).map_err(weights)?,
             words,
             pooling,
             contracts: wants.to_vec(),
@@ -257,7 +187,7 @@ impl Bert {
         };
         let embedded = (words + self.positions.forward(&batch.positions(first, first)?)?)?;
         let embedded = self.norm.forward(&embedded)?;
-        self.encoder.forward(&embedded, &batch.key_mask(embedded.dtype())?)
+        self.encoder.forward(&embedded, batch.key_mask(embedded.dtype())?)
     }
 }
 
@@ -329,7 +259,7 @@ impl MlmHead {
             // RoBERTa's head is exact GELU whatever the encoder's activation.
             Family::Roberta => (
                 root.pp("lm_head.dense"),
-                HiddenAct::Gelu,
+                Activation::Gelu,
                 root.pp("lm_head.layer_norm"),
                 config.layer_norm_eps,
                 root.pp("lm_head.decoder"),
@@ -388,11 +318,7 @@ impl MlmHead {
                 (first..last).flat_map(|r| (0..lengths[r]).map(move |t| (r * seq + t) as u32)).collect();
             let positions = Tensor::from_vec(positions, tokens, hidden.device())?;
             let x = self.dense.forward(&flat.index_select(&positions, 0)?)?;
-            let x = match self.activation {
-                HiddenAct::Gelu => x.gelu_erf()?,
-                HiddenAct::GeluApproximate => x.gelu()?,
-                HiddenAct::Relu => x.relu()?,
-            };
+            let x = self.activation.forward(&x)?;
             let x = self.norm.forward(&x)?;
             let logits = x.matmul(&self.decoder_t)?.broadcast_add(&self.bias)?;
             let logits = logits.to_dtype(DType::F32)?.relu()?;
