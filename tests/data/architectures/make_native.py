@@ -189,8 +189,9 @@ def perturb(model, seed):
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
             if name.endswith("relative_attention_bias.weight"):
                 p.add_(noise * 1.0)
-            elif p.dim() == 1:
-                # LayerNorm / RMSNorm weights (initialised to 1) become 1 + noise; biases become noise.
+            elif p.dim() <= 1:
+                # LayerNorm / RMSNorm weights (initialised to 1) become 1 + noise; biases become noise; scalars (a
+                # logit scale) move a little.
                 p.add_(noise * 0.1)
             elif "embed" in name.lower():
                 p.add_(noise * 0.5)
