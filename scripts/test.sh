@@ -31,9 +31,9 @@ step() { # step NAME COMMAND...: runs COMMAND, timed (a failed one too, marked s
 report() {
     local status=$?
     # Work still running in the background (a step failed before it was needed) stops with the test command.
-    local pid
-    for pid in "${background[@]}"; do
-        kill -- "-$pid" 2>/dev/null || true
+    local name
+    for name in "${!pids[@]}"; do
+        kill -- "-${pids[$name]}" 2>/dev/null || true
     done
     echo "test: steps (exit $status, $((SECONDS - started)) s in all):" >&2
     printf '  %s\n' "${timings[@]}" >&2
@@ -45,13 +45,12 @@ trap report EXIT
 # stretches (a crate or a link at a time at the end of each, the Python tests, the downloads), so the images' builds
 # run in the background, in their own process group and log, while the tests run in the foreground, and the test
 # command waits for them at its end. Each background step is timed from its start to its end.
-background=()
+# A background step is its own process group (setsid), so that the EXIT trap can stop all of it.
 declare -A pids started_at logs
 run_in_background() { # run_in_background NAME LOG COMMAND...
     local name=$1 log=$2
     shift 2
-    setsid "$@" >"$log" 2>&1 </dev/null &
-    background+=("$!")
+    setsid -w "$@" >"$log" 2>&1 </dev/null &
     pids[$name]=$!
     started_at[$name]=$SECONDS
     logs[$name]=$log
@@ -59,6 +58,7 @@ run_in_background() { # run_in_background NAME LOG COMMAND...
 joined() { # joined NAME: waits for the background step NAME; its time, and its log's end if it failed
     local name=$1 status=0
     wait "${pids[$name]}" || status=$?
+    unset "pids[$name]"
     timings+=("$(printf '%5d s  %s (in the background, start to end)%s' $((SECONDS - started_at[$name])) "$name" \
         "$([ "$status" = 0 ] || echo " (failed: $status)")")")
     if [ "$status" != 0 ]; then
@@ -70,9 +70,10 @@ joined() { # joined NAME: waits for the background step NAME; its time, and its 
 
 step "set-up" ./scripts/setup.sh
 mkdir -p .cache
-# Every crate downloaded and unpacked first: the image builds' cargo runs in a container, with the registry mounted
-# but not the host cargo's lock, so nothing may download while both compile.
+# Every crate downloaded and unpacked first, cargo-fuzz's and the fuzz targets' too: the image builds' cargo runs in
+# a container, with the registry mounted but not the host cargo's lock, so nothing may download while both compile.
 step "cargo fetch" cargo fetch --locked
+step "cargo-fuzz" ./scripts/fuzz.sh --fetch
 # The Python tests' environment and models and perf_analyzer need only the network.
 run_in_background "python fetch" .cache/fetch.log bash -c '
     ./scripts/venv.sh .venv tests/python/requirements.txt

@@ -17,7 +17,9 @@ use candle_core::{DType, Module, Tensor, D};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 
 use crate::batch::Batch;
-use crate::layers::{attention, field, field_or, hidden_and_heads, merge_heads, split_heads, Bias};
+use serde_json::json;
+
+use crate::layers::{attention, field, field_or, hidden_and_heads, merge_heads, split_heads, with_defaults, Bias};
 
 /// Which of the two a checkpoint is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,8 +115,26 @@ impl Config {
             "siglip" => Family::Siglip,
             other => return Err(format!("model_type: `{other}` is not clip or siglip")),
         };
-        let text_json = json.get("text_config").ok_or("text_config: missing")?;
-        let vision_json = json.get("vision_config").ok_or("vision_config: missing")?;
+        // transformers' defaults (CLIP's base, SigLIP's base) for the keys a saved config leaves out.
+        let (text_defaults, vision_defaults) = match family {
+            Family::Clip => (
+                json!({"vocab_size": 49408, "hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12,
+                       "num_attention_heads": 8, "max_position_embeddings": 77}),
+                json!({"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                       "num_attention_heads": 12, "image_size": 224, "patch_size": 32}),
+            ),
+            Family::Siglip => (
+                json!({"vocab_size": 32000, "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                       "num_attention_heads": 12, "max_position_embeddings": 64, "pad_token_id": 1}),
+                json!({"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                       "num_attention_heads": 12, "image_size": 224, "patch_size": 16}),
+            ),
+        };
+        let text_json = &with_defaults(json.get("text_config").unwrap_or(&json!({})), text_defaults);
+        let vision_json = &with_defaults(json.get("vision_config").unwrap_or(&json!({})), vision_defaults);
+        if !field_or(vision_json, "vision_use_head", true).map_err(within("vision_config"))? {
+            return Err("vision_config.vision_use_head: false; a picture's embedding is its attention head's".into());
+        }
         fn within(part: &'static str) -> impl Fn(String) -> String {
             move |e| format!("{part}.{e}")
         }
@@ -138,10 +158,10 @@ impl Config {
                 vision.hidden
             ));
         }
-        let max_tokens = field_or(text_json, "max_position_embeddings", 77).map_err(within("text_config"))?;
+        let max_tokens = field(text_json, "max_position_embeddings").map_err(within("text_config"))?;
         let pad_id = match family {
             Family::Clip => None,
-            Family::Siglip => Some(field_or(text_json, "pad_token_id", 1).map_err(within("text_config"))?),
+            Family::Siglip => Some(field(text_json, "pad_token_id").map_err(within("text_config"))?),
         };
         Ok(Config {
             family,
@@ -411,7 +431,8 @@ impl Clip {
     }
 
     /// Texts' token ids → their embeddings `[rows, dims]` (F32, not normalised). CLIP's rows are padded on either
-    /// side (the mask says where); SigLIP's are each `max_tokens` long, every position real.
+    /// side (the mask says where). SigLIP's must each be `max_tokens` long, padded with `pad_id` and every position
+    /// marked real, as its processor makes them: it pools the last position, and reads the padding.
     pub(crate) fn embed_texts(&self, batch: &Batch) -> candle_core::Result<Tensor> {
         let t = &self.text;
         let x = (t.words.forward(&batch.ids)? + t.positions.forward(&batch.positions(0, 0)?)?)?;

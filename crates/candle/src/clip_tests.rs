@@ -150,7 +150,12 @@ fn a_contradictory_config_names_its_field() {
         ("/vision_config/hidden_act", serde_json::json!("swish"), "vision_config.hidden_act: `swish`"),
         ("/text_config/projection_size", serde_json::json!(8), "text_config.projection_size: 8"),
         ("/model_type", serde_json::json!("blip"), "model_type: `blip`"),
+        ("/vision_config/vision_use_head", serde_json::json!(false), "vision_config.vision_use_head: false"),
     ];
+    // A saved config leaves out what equals its class's defaults: SigLIP's base.
+    let sparse = serde_json::json!({"model_type": "siglip", "text_config": {}, "vision_config": {}});
+    let base = Config::read(&sparse).expect("defaults");
+    assert_eq!((base.max_tokens, base.image_size, base.dims, base.pad_id), (64, 224, 768, Some(1)));
     for (pointer, value, says) in cases {
         let mut bad = json.clone();
         *bad.pointer_mut(pointer).expect(pointer) = value;

@@ -190,6 +190,20 @@ pub(crate) fn field_or<T: serde::de::DeserializeOwned>(
     }
 }
 
+/// `json` with each key of `defaults` it lacks (or holds as null) taken from there: transformers saves a config's keys
+/// that differ from its class's defaults only, so a hub `config.json` may leave out the sizes of the common model.
+pub(crate) fn with_defaults(json: &serde_json::Value, defaults: serde_json::Value) -> serde_json::Value {
+    let mut merged = json.clone();
+    if let (Some(into), serde_json::Value::Object(defaults)) = (merged.as_object_mut(), defaults) {
+        for (key, value) in defaults {
+            if into.get(&key).is_none_or(|v| v.is_null()) {
+                into.insert(key, value);
+            }
+        }
+    }
+    merged
+}
+
 /// The root of a checkpoint's tensors: under `prefix` where the checkpoint stores a task model's
 /// (`mpnet.embeddings…`), else at the top (a bare encoder, as sentence-transformers saves it).
 pub(crate) fn under<'a>(root: &VarBuilder<'a>, prefix: &str, probe: &str) -> VarBuilder<'a> {

@@ -2,8 +2,10 @@
 //! (with its defaults where a key is absent), and DistilBERT's own names for the same sizes.
 
 use candle_nn::Activation;
+use inferd_core::text::is_roberta;
+use serde_json::json;
 
-use crate::layers::{field, field_or, hidden_and_heads};
+use crate::layers::{field, field_or, hidden_and_heads, with_defaults};
 
 pub(crate) const DISTILBERT: &str = "distilbert";
 
@@ -31,6 +33,14 @@ impl Config {
         if model_type.as_deref() == Some(DISTILBERT) {
             return Config::read_distil(json);
         }
+        // transformers' defaults, for the keys a saved config leaves out: BertConfig's, with RoBERTa's family padding
+        // with id 1 (its positions start past it).
+        let roberta = model_type.as_deref().is_some_and(is_roberta);
+        let json = &with_defaults(
+            json,
+            json!({"vocab_size": if roberta { 50265 } else { 30522 }, "hidden_size": 768, "num_hidden_layers": 12,
+                   "num_attention_heads": 12, "intermediate_size": 3072, "pad_token_id": if roberta { 1 } else { 0 }}),
+        );
         let (hidden, heads) = hidden_and_heads(json, ["hidden_size", "num_attention_heads"], false)?;
         let positions: String = field_or(json, "position_embedding_type", "absolute".to_owned())?;
         if positions != "absolute" {
@@ -48,13 +58,17 @@ impl Config {
             max_position_embeddings: field_or(json, "max_position_embeddings", 512)?,
             type_vocab_size: field_or(json, "type_vocab_size", 2)?,
             layer_norm_eps: field_or(json, "layer_norm_eps", 1e-12)?,
-            pad_token_id: field_or(json, "pad_token_id", 0)?,
+            pad_token_id: field(json, "pad_token_id")?,
             model_type,
         })
     }
 
     /// DistilBERT's `dim`, `n_layers`, `n_heads`, `hidden_dim` and `activation`.
     fn read_distil(json: &serde_json::Value) -> Result<Config, String> {
+        let json = &with_defaults(
+            json,
+            json!({"vocab_size": 30522, "dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072}),
+        );
         if field_or(json, "sinusoidal_pos_embds", false)? {
             return Err("sinusoidal_pos_embds: only learned position embeddings are supported".into());
         }
@@ -136,12 +150,17 @@ mod tests {
             ("position_embedding_type", json!("relative_key"), "position_embedding_type: `relative_key`"),
             ("hidden_act", json!("swish"), "hidden_act: `swish`"),
             ("vocab_size", json!("many"), "vocab_size: invalid type"),
+            ("num_hidden_layers", json!(-1), "num_hidden_layers: invalid value"),
         ] {
             let mut bad = bert.clone();
             bad[key] = value;
             let message = Config::read(&bad).expect_err(key);
             assert!(message.starts_with(says), "{message}");
         }
+        // A saved config leaves out what equals its class's defaults; RoBERTa's family pads with id 1.
+        let roberta = Config::read(&json!({"model_type": "xlm-roberta", "vocab_size": 30})).expect("defaults");
+        assert_eq!((roberta.hidden_size, roberta.num_hidden_layers, roberta.pad_token_id), (768, 12, 1));
+        assert_eq!(Config::read(&json!({"model_type": "bert"})).expect("bert").pad_token_id, 0);
         let mut sinusoidal = distil;
         sinusoidal["sinusoidal_pos_embds"] = json!(true);
         assert!(Config::read(&sinusoidal).expect_err("sinusoidal").starts_with("sinusoidal_pos_embds"));
