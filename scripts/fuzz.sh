@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/fuzz.sh [--dev] [SECONDS] [TARGET…] | --fetch: runs each cargo fuzz target (fuzz/fuzz_targets: the v2 binary, JSON and gRPC
+# scripts/fuzz.sh [--dev] [SECONDS] [TARGET…]: runs each cargo fuzz target (fuzz/fuzz_targets: the v2 binary, JSON and gRPC
 # decoders, the /predict decoder, model.toml) for SECONDS (default 300), one after the other, from the seeds in
 # fuzz/seeds and the corpus grown by earlier runs (.cache/fuzz/corpus). Exits 1 on the first crash, leaving its
 # input in fuzz/artifacts/TARGET/ (add it to the target's regression test, then to fuzz/seeds). The test command
@@ -7,17 +7,19 @@
 # where the optimised build took 3.5, and a few seconds of fuzzing need no speed); long runs are this script's, by
 # hand, optimised.
 #
-# cargo-fuzz (pinned) is installed into .cache/tools the first time; `--fetch` does only that and downloads the fuzz
-# workspace's crates (the test command's first step, before anything compiles in a container on the same registry). No sanitizer (`-s none`) needs no nightly
+# cargo-fuzz (pinned) is installed into .cache/tools the first time. No sanitizer (`-s none`) needs no nightly
 # toolchain: the code is safe Rust, and libFuzzer's coverage instrumentation is all that is used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=--release
-fetch_only=0
-case "${1:-}" in
-    --dev) profile=--dev; shift ;;
-    --fetch) fetch_only=1 ;;
-esac
+if [ "${1:-}" = --dev ]; then
+    profile=--dev
+    shift
+fi
+seconds=${1:-300}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(v2_binary v2_json grpc predict model_toml)
 tools=$PWD/.cache/tools
 if [ ! -x "$tools/bin/cargo-fuzz" ]; then
     echo "fuzz: installing cargo-fuzz 0.13.1 into $tools" >&2
@@ -26,13 +28,6 @@ if [ ! -x "$tools/bin/cargo-fuzz" ]; then
 fi
 export PATH="$tools/bin:$PATH"
 cd fuzz
-if [ "$fetch_only" = 1 ]; then
-    exec cargo fetch --locked --quiet
-fi
-seconds=${1:-300}
-shift || true
-targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(v2_binary v2_json grpc predict model_toml)
 cargo fuzz build -s none "$profile"
 for target in "${targets[@]}"; do
     corpus=../.cache/fuzz/corpus/$target

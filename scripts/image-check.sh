@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# scripts/image-check.sh [--cuda]: builds the shipped images from the unchanged docker/Dockerfile.cpu (and, with
-# --cuda, docker/Dockerfile.cuda) with buildah, then runs what was built. Needs root (buildah builds as root here,
+# scripts/image-check.sh [--cuda | --stand-ins]: builds the shipped images from the unchanged docker/Dockerfile.cpu
+# (and, with --cuda, docker/Dockerfile.cuda) with buildah, then runs what was built (--stand-ins: step 1 alone, for the
+# CPU image, which the test command runs in the background while cargo compiles). Needs root (buildah builds as root here,
 # with no Docker engine and no container registry), and installs buildah and debootstrap from Debian if missing.
 #
 #  1. Stand-ins for the base images the Dockerfiles name, tagged with those names (no registry is reachable): each a
@@ -21,10 +22,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FLAVOUR=cpu
+STAND_INS_ONLY=0
 case "${1:-}" in
     --cuda) FLAVOUR=cuda ;;
+    --stand-ins) STAND_INS_ONLY=1 ;;
     "") ;;
-    *) echo "usage: scripts/image-check.sh [--cuda]" >&2; exit 2 ;;
+    *) echo "usage: scripts/image-check.sh [--cuda | --stand-ins]" >&2; exit 2 ;;
 esac
 if [ "$(id -u)" != 0 ]; then
     echo "image-check: buildah builds as root on this machine (vfs or overlay storage, chroot isolation)" >&2
@@ -50,6 +53,7 @@ fi
 started=$SECONDS
 make_standins "$FLAVOUR"
 echo "image-check: stand-ins ready after $((SECONDS - started)) s" >&2
+[ "$STAND_INS_ONLY" = 0 ] || exit 0
 
 # 2. The build, from a copy of the checkout as git sees it.
 IMAGE=localhost/inferd:$FLAVOUR-check
