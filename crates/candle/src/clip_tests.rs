@@ -44,11 +44,14 @@ fn assert_near(got: &[Vec<f64>], want: &[Vec<f64>], tolerance: f64, what: &str) 
     assert_eq!(got.len(), want.len(), "{what}: rows");
     for (r, (g, w)) in got.iter().zip(want).enumerate() {
         let worst = g.iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-        let dot: f64 = g.iter().zip(w).map(|(a, b)| a * b).sum();
-        let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
-        let cosine = dot / (norm(g) * norm(w));
+        let cosine = cosine(g, w);
         assert!(worst <= tolerance && cosine >= 0.99999, "{what} row {r}: differs by {worst}, cosine {cosine}");
     }
+}
+
+fn cosine(a: &[f64], b: &[f64]) -> f64 {
+    let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>() / (norm(a) * norm(b))
 }
 
 /// Each text's ids, and its real length: to its end token, the highest id in its row (as CLIP's tokenizer makes
@@ -132,9 +135,7 @@ fn clip_and_siglip_embed_pictures_and_texts_as_transformers_does() {
         let half = load(name, DType::BF16);
         let images16 = half.embed_images(&pixels(reference, half.config.image_size), DType::BF16).expect("bf16");
         for (a, b) in host(&images16).iter().zip(host(&images)) {
-            let dot: f64 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
-            let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
-            assert!(dot / (norm(a) * norm(&b)) > 0.99, "{name}: BF16 pictures drift from FP32");
+            assert!(cosine(a, &b) > 0.99, "{name}: BF16 pictures drift from FP32");
         }
     }
 }

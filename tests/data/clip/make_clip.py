@@ -71,10 +71,6 @@ def references(model, ids, mask, pixels):
     }
 
 
-def write_preprocessor(folder, config):
-    write_json(folder / "preprocessor_config.json", config)
-
-
 def make_clip(refs):
     specials = ["<|startoftext|>", "<|endoftext|>"]
     tok = train_bytelevel_bpe(300, specials)
@@ -93,7 +89,7 @@ def make_clip(refs):
     special_map = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
                    "unk_token": "<|endoftext|>"}
     write_tokenizer(folder, tok, special_map, {"model_max_length": MAX_TOKENS})
-    write_preprocessor(folder, {
+    write_json(folder / "preprocessor_config.json", {
         "image_processor_type": "CLIPImageProcessor", "do_resize": True, "size": {"shortest_edge": 32},
         "resample": 3, "do_center_crop": True, "crop_size": {"height": 32, "width": 32}, "do_rescale": True,
         "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.48145466, 0.4578275, 0.40821073],
@@ -126,7 +122,7 @@ def make_siglip(refs):
     save_model(model, folder)
     special_map = {"eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
     write_tokenizer(folder, tok, special_map, {"model_max_length": MAX_TOKENS})
-    write_preprocessor(folder, {
+    write_json(folder / "preprocessor_config.json", {
         "image_processor_type": "SiglipImageProcessor", "do_resize": True, "size": {"height": 32, "width": 32},
         "resample": 3, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
         "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True,
