@@ -8,7 +8,7 @@
 #  3. `cargo build --release --features cuda` of `inferd` and `inferd-bench`, and the GPU test executables
 #     (`cargo test --release --no-run --features cuda`): as root with buildah, in the CPU image's builder on its
 #     target folder (reusing what the image build compiled), else in target/cuda so the CPU build stays valid.
-#     candle's kernels compile for CUDA_COMPUTE_CAP (default 90: H100 and H200), about 7 minutes the first time.
+#     candle's kernels compile for CUDA_COMPUTE_CAP (default 90: H100 and H200), about 3 minutes the first time.
 #  4. The bundle, target/gpu-bundle: binaries and tests stripped and packed with the bundled models, the test data
 #     and gpu-check.sh into one xz archive, checked to be at most 60 MiB (the GPU machine takes 64 MiB in all).
 #
@@ -23,8 +23,7 @@ TARGET_DIR=target/cuda
 BUNDLE_DIR=target/gpu-bundle
 MAX_BUNDLE_BYTES=$((60 * 1024 * 1024))
 export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
-# candle's kernel build (cudaforge) runs nvcc on half the cores by default: one here, where its static library of
-# quantised kernels (15 files, which inferd never calls but must link) took 10.5 minutes alone, the other core idle.
+# candle's kernel build (cudaforge) runs nvcc on half the cores by default: one here, the other idle.
 export CUDAFORGE_THREADS="${CUDAFORGE_THREADS:-$(nproc)}"
 
 # The bundled models, MiniLM among them, and the Python that converts its weights.
@@ -36,6 +35,10 @@ export CUDA_ROOT
 export CUDA_PATH="$CUDA_ROOT"
 export PATH="$CUDA_ROOT/bin:$PATH"
 nvcc --version | tail -n 2 >&2
+# candle's static library of quantised and MoE kernels, which inferd never calls, compiles empty
+# (scripts/nvcc-skip-unused.sh): it took 7 of the CUDA build's 14 minutes on two cores, 10.5 on one.
+install -m 755 scripts/nvcc-skip-unused.sh "$CUDA_ROOT/bin/nvcc-skip-unused"
+export NVCC="$CUDA_ROOT/bin/nvcc-skip-unused"
 FEATURES=inferd-server/cuda,inferd-benches/cuda,inferd-candle/cuda
 
 # 3. The GPU build, in one cargo invocation so that every target shares one feature resolution (and candle's kernels
@@ -70,7 +73,7 @@ if [ "$(id -u)" = 0 ] && command -v buildah >/dev/null && [ "${INFERD_GPU_BUNDLE
     apt_install "$ctr" make g++
     B run -v "$CACHE/context:/src" -v "$build_dir:/src/target" -v "$registry:/usr/local/cargo/registry" \
         -v "$CUDA_ROOT:$CUDA_ROOT" "$ctr" -- env CARGO_PROFILE_RELEASE_DEBUG=false CUDA_COMPUTE_CAP="$CUDA_COMPUTE_CAP" \
-        CUDAFORGE_THREADS="$CUDAFORGE_THREADS" CUDA_ROOT="$CUDA_ROOT" CUDA_PATH="$CUDA_ROOT" \
+        CUDAFORGE_THREADS="$CUDAFORGE_THREADS" NVCC="$NVCC" CUDA_ROOT="$CUDA_ROOT" CUDA_PATH="$CUDA_ROOT" \
         PATH="$CUDA_ROOT/bin:/usr/local/cargo/bin:/usr/bin:/bin" \
         sh -c 'cd /src && exec cargo "$@"' cargo "${cargo_args[@]}" >"$artifacts"
     # The artifacts' paths, as this machine sees them. The lock stays held until they are copied out (below): an
@@ -164,8 +167,8 @@ if find "$STAGE" -name 'libcu*.so*' -o -name 'libnvrtc*' -o -name '*stub*' | gre
     echo "gpu-bundle: a CUDA library or stub is in the bundle" >&2
     exit 1
 fi
-# A large dictionary finds what the binaries share (candle's kernels, most of the code): 210 MB of binaries pack
-# into about 13 MB. Python's tarfile reads it, so the GPU machine needs no xz.
+# A large dictionary finds what the binaries share (candle's kernels, most of the code): 105 MB of binaries pack
+# into about 10 MB. Python's tarfile reads it, so the GPU machine needs no xz.
 archive="$BUNDLE_DIR/inferd-gpu.tar.xz"
 tar -C "$TARGET_DIR/bundle" -cf - inferd-gpu | xz --lzma2=preset=1,dict=256MiB -T1 >"$archive"
 size=$(stat -c %s "$archive")
