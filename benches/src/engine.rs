@@ -101,7 +101,7 @@ fn picture_batch(
     batch: usize,
 ) -> anyhow::Result<(Vec<Tensor>, f64)> {
     const RUNS: u32 = 20;
-    let task = inferd_models::task::for_model(config, metadata)?;
+    let task = inferd_models::task::for_model(config, metadata, None)?;
     let file: bytes::Bytes = std::fs::read(path).with_context(|| format!("{}", path.display()))?.into();
     let prepare = || {
         let request = Request::new(Input::Images(vec![file.clone()]));
@@ -130,7 +130,7 @@ const RERANK_PASSAGES: usize = 20;
 /// server does (the model's task): for each, its token inputs `[1, len]`.
 fn tokenize(config: &ModelConfig, metadata: &ModelMetadata) -> anyhow::Result<Vec<Vec<Tensor>>> {
     use crate::texts::{rerank_request, SENTENCES};
-    let task = inferd_models::task::for_model(config, metadata)?;
+    let task = inferd_models::task::for_model(config, metadata, None)?;
     let texts = match inferd_models::registration(config).service {
         inferd_models::Service::Rerank => {
             let pairs = (0..SENTENCES.len())

@@ -13,7 +13,7 @@
 //!   through `head`. Scores are `sigmoid(exp(logit_scale) × cosine + logit_bias)`, where CLIP's are a softmax over
 //!   the labels of `exp(logit_scale) × cosine`.
 
-use candle_core::{DType, Module, Tensor, D};
+use candle_core::{DType, Module, Tensor};
 use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 
 use crate::batch::Batch;
@@ -94,13 +94,13 @@ pub(crate) struct Config {
     pub family: Family,
     text: Tower,
     vision: Tower,
-    vocab: usize,
+    pub vocab: usize,
     /// The longest text, in tokens (CLIP: 77; SigLIP pads every text to it).
     pub max_tokens: usize,
     /// The picture's side, in pixels, and its patches'.
     pub image_size: usize,
     patch_size: usize,
-    channels: usize,
+    pub channels: usize,
     /// The shared space's width.
     pub dims: usize,
     /// SigLIP's text pad id (its texts are padded to `max_tokens` with it).
@@ -142,7 +142,7 @@ impl Config {
         let vision = Tower::read(vision_json, family).map_err(within("vision_config"))?;
         let image_size: usize = field(vision_json, "image_size").map_err(within("vision_config"))?;
         let patch_size: usize = field(vision_json, "patch_size").map_err(within("vision_config"))?;
-        if patch_size == 0 || image_size % patch_size != 0 {
+        if patch_size == 0 || !image_size.is_multiple_of(patch_size) {
             return Err(format!(
                 "vision_config.patch_size: patches of {patch_size} pixels do not divide image_size {image_size}"
             ));
@@ -321,9 +321,9 @@ pub(crate) struct Clip {
     vision: Vision,
     text: Text,
     /// `exp(logit_scale)`.
-    scale: f32,
+    pub scale: f32,
     /// SigLIP's `logit_bias`.
-    bias: Option<f32>,
+    pub bias: Option<f32>,
 }
 
 impl Clip {
@@ -455,9 +455,10 @@ impl Clip {
 
     /// Each picture's score for each text `[pictures, texts]` from their embeddings: `exp(logit_scale)` × cosine,
     /// plus SigLIP's bias (logits: CLIP's softmax over the texts, SigLIP's sigmoid, give probabilities).
+    #[cfg(test)]
     pub(crate) fn logits(&self, images: &Tensor, texts: &Tensor) -> candle_core::Result<Tensor> {
         let unit = |x: &Tensor| -> candle_core::Result<Tensor> {
-            x.broadcast_div(&x.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?.clamp(1e-12f32, f32::MAX)?)
+            x.broadcast_div(&x.sqr()?.sum_keepdim(candle_core::D::Minus1)?.sqrt()?.clamp(1e-12f32, f32::MAX)?)
         };
         let cosine = unit(images)?.matmul(&unit(texts)?.t()?)?;
         (cosine * f64::from(self.scale))? + f64::from(self.bias.unwrap_or(0.0))

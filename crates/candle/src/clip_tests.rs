@@ -78,8 +78,8 @@ fn batch(texts: &[(Vec<u32>, usize)], pad: u32, left: bool) -> Batch {
     let (mut ids, mut mask) = (Vec::new(), Vec::new());
     for (row, n) in texts {
         let padding = seq - n;
-        let (real, pads) = (row[..*n].iter().copied(), std::iter::repeat(pad).take(padding));
-        let (real_mask, pad_mask) = (std::iter::repeat(1i64).take(*n), std::iter::repeat(0i64).take(padding));
+        let (real, pads) = (row[..*n].iter().copied(), std::iter::repeat_n(pad, padding));
+        let (real_mask, pad_mask) = (std::iter::repeat_n(1i64, *n), std::iter::repeat_n(0i64, padding));
         match left {
             false => {
                 ids.extend(real.chain(pads));

@@ -271,7 +271,7 @@ pub(crate) fn hidden_and_heads(
 ) -> Result<(usize, usize), String> {
     let hidden: usize = field(json, hidden_key)?;
     let heads: usize = field(json, heads_key)?;
-    if heads == 0 || hidden % heads != 0 || (rotary && (hidden / heads) % 2 != 0) {
+    if heads == 0 || !hidden.is_multiple_of(heads) || (rotary && !(hidden / heads).is_multiple_of(2)) {
         let even = if rotary { " of an even size" } else { "" };
         return Err(format!("{heads_key}: {heads} heads do not divide {hidden_key} {hidden} into heads{even}"));
     }

@@ -1,13 +1,11 @@
 //! inferd-candle: the [`Engine`] on candle. Weights come from safetensors files; architectures are built in (`mlp`
 //! for tensors, and for text models the transformer the folder's `config.json` names: BERT's family with the heads
-//! its contracts need, MPNet, ModernBERT, NomicBERT, GTE's "new" architecture and Qwen3). Runs on the CPU, or on
-//! `cuda:N` in builds with the `cuda` feature.
+//! its contracts need, MPNet, ModernBERT, NomicBERT, GTE's "new" architecture and Qwen3; CLIP and SigLIP, pictures
+//! and texts into one space, as two engines on one model's weights). Runs on the CPU, or on `cuda:N` in builds with
+//! the `cuda` feature.
 
 mod batch;
 mod bert;
-// CLIP and SigLIP, checked against transformers by their unit tests; the engine serves them once issue 44's task and
-// routes exist (pictures and texts through their own towers, batched apart).
-#[cfg_attr(not(test), allow(dead_code))]
 mod clip;
 mod gte;
 mod layers;
@@ -17,9 +15,11 @@ mod mpnet;
 mod nomic;
 mod pool;
 mod qwen3;
+mod towers;
 mod transformer;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Module};
 use candle_nn::{Linear, VarBuilder};
@@ -47,6 +47,9 @@ pub struct CandleEngine {
 enum Architecture {
     Mlp(Mlp),
     Text(Box<dyn TextModel>),
+    /// CLIP's or SigLIP's pictures; its texts run on [`Architecture::Texts`], the engine [`Engine::text_tower`] makes.
+    Pictures(towers::Towers),
+    Texts(Arc<clip::Clip>),
 }
 
 impl std::fmt::Debug for CandleEngine {
@@ -159,7 +162,7 @@ impl CandleEngine {
         let toml = config.config_file.as_path();
         let options = config.candle.as_ref().ok_or_else(|| Error::config(toml, "candle: missing [candle] table"))?;
         let text = match (options.architecture.as_str(), wants.is_empty()) {
-            ("mlp", true) => None,
+            ("mlp", true) | ("clip", _) => None,
             // `bert`: the name text models had before other architectures.
             ("transformer" | "bert", false) => Some(TextSettings::resolve(config, wants)?),
             ("mlp" | "transformer" | "bert", _) => {
@@ -177,8 +180,8 @@ impl CandleEngine {
                 return Err(Error::config(
                     toml,
                     format!(
-                        "candle.architecture: unknown architecture `{other}` (expected mlp, or transformer: the \
-                         architecture its config.json names)"
+                        "candle.architecture: unknown architecture `{other}` (expected mlp; transformer: the \
+                         architecture its config.json names; or clip, for CLIP and SigLIP)"
                     ),
                 ))
             }
@@ -188,9 +191,10 @@ impl CandleEngine {
             return Err(Error::config(&config.file, "the weights file named by `file` does not exist"));
         }
         let plan = text.as_ref().map(|_| Plan::read(&config.dir)).transpose()?;
+        let clip = options.architecture == "clip";
         let activations = match text {
-            None => mlp_shape(options).map_err(|m| Error::config(toml, m))?,
-            Some(_) => Vec::new(),
+            None if !clip => mlp_shape(options).map_err(|m| Error::config(toml, m))?,
+            _ => Vec::new(),
         };
         let device = select_device(config.device, &config.name)?;
         let precision = match config.precision {
@@ -216,6 +220,10 @@ impl CandleEngine {
                 let first = wants[0];
                 let outputs = vec![contract_output(first, info.width(first).unwrap_or(0))];
                 (Architecture::Text(model), inputs, outputs, Some(info))
+            }
+            _ if clip => {
+                let (towers, inputs, outputs) = towers::load(config, dtype, &device)?;
+                (Architecture::Pictures(towers), inputs, outputs, None)
             }
             _ => {
                 let mlp = load_mlp(&config.file, options, &activations, dtype, &device)?;
@@ -364,7 +372,26 @@ impl Engine for CandleEngine {
                 Ok(vec![from_candle(&y, out.datatype)?])
             }
             Architecture::Text(model) => Ok(vec![self.run_text(model.contracts()[0], inputs)?]),
+            Architecture::Pictures(towers) => {
+                let [pixels] = inputs else {
+                    return Err(Error::InvalidInput(format!("pictures come as one input, {}", towers::PIXEL_VALUES)));
+                };
+                Ok(vec![towers::embed_pictures(&towers.model, pixels, self.dtype, &self.device)?])
+            }
+            Architecture::Texts(_) => Ok(vec![self.run_text(Contract::Pooled, inputs)?]),
         }
+    }
+
+    fn text_tower(&self) -> Option<Box<dyn Engine>> {
+        let Architecture::Pictures(towers) = &self.model else { return None };
+        Some(Box::new(CandleEngine {
+            metadata: towers::text_metadata(&self.metadata, &towers.texts),
+            device: self.device.clone(),
+            dtype: self.dtype,
+            model: Architecture::Texts(towers.model.clone()),
+            // The weights are the pictures' engine's, counted there.
+            weight_bytes: 0,
+        }))
     }
 
     fn run_text(&mut self, contract: Contract, inputs: &[Tensor]) -> Result<Tensor> {
@@ -373,6 +400,9 @@ impl Engine for CandleEngine {
                 let batch = self.batch(model.as_ref(), inputs)?;
                 let out = model.run(contract, &batch).map_err(Error::engine)?;
                 from_candle(&out, DataType::Fp32)
+            }
+            Architecture::Texts(model) if contract == Contract::Pooled => {
+                towers::embed_texts(model, inputs, &self.device)
             }
             _ => Err(Error::Unsupported(format!("this model gives no {}", contract.as_str()))),
         }

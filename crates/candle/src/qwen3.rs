@@ -35,12 +35,12 @@ impl Config {
         if heads == 0 {
             return Err("num_attention_heads: 0".into());
         }
-        if kv_heads == 0 || heads % kv_heads != 0 {
+        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
             return Err(format!("num_key_value_heads: {kv_heads} does not divide num_attention_heads {heads}"));
         }
         let head_dim = match field_or::<Option<usize>>(json, "head_dim", None)? {
             Some(d) => d,
-            None if hidden % heads == 0 => hidden / heads,
+            None if hidden.is_multiple_of(heads) => hidden / heads,
             None => return Err(format!("num_attention_heads: {heads} heads do not divide hidden_size {hidden}")),
         };
         if head_dim == 0 || head_dim % 2 != 0 {

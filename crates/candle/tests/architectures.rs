@@ -48,7 +48,7 @@ fn states(engine: &mut CandleEngine, rows: &[&[i64]], left: bool) -> Vec<Vec<Vec
     let (mut ids, mut mask) = (Vec::new(), Vec::new());
     for row in rows {
         let pad = seq - row.len();
-        let (real, padding) = (row.iter().copied(), std::iter::repeat(0).take(pad));
+        let (real, padding) = (row.iter().copied(), std::iter::repeat_n(0, pad));
         let (row_ids, row_mask): (Vec<i64>, Vec<i64>) = match left {
             false => (real.chain(padding).collect(), (0..seq).map(|t| i64::from(t < row.len())).collect()),
             true => (padding.chain(real).collect(), (0..seq).map(|t| i64::from(t >= pad)).collect()),

@@ -75,6 +75,12 @@ pub trait Engine: Send {
     /// their specs; the result follows `metadata().outputs`, each with the same row count.
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>>;
 
+    /// A model of two towers (CLIP's and SigLIP's, pictures and texts into one space): the engine that runs its texts,
+    /// on this one's weights, which the loader batches apart from this one's pictures. `None` for a model of one.
+    fn text_tower(&self) -> Option<Box<dyn Engine>> {
+        None
+    }
+
     /// Runs one batch of a text model for `contract`'s output (see [`Contract`]), one of those its
     /// [`TextInfo::contracts`] lists; [`Engine::run`] gives the first.
     fn run_text(&mut self, contract: Contract, inputs: &[Tensor]) -> Result<Tensor> {

@@ -12,9 +12,10 @@ mod warmup;
 
 pub use config::{
     Anchor, Backend, BatchingConfig, CandleOptions, Channels, DeviceSpec, Filter, ImageConfig, Labels, Layout,
-    ModelConfig, OnnxOptions, OutputConfig, OutputKind, Pooling, Precision, Resize, Task, TensorSpec, TextOverrides,
-    VersionPolicy, WarmupConfig, WarmupInput, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_PIXELS, DEFAULT_TEXT_WEIGHTS,
-    MAX_BATCH_SIZE_LIMIT, MAX_IMAGE_SIDE, MAX_INSTANCES, MAX_WARMUP_ELEMENTS, MODEL_CONFIG_FILE,
+    ModelConfig, OnnxOptions, OutputConfig, OutputKind, Pooling, Precision, Resize, Rounding, Task, TensorSpec,
+    TextOverrides, VersionPolicy, WarmupConfig, WarmupInput, DEFAULT_MAX_BATCH_TOKENS, DEFAULT_MAX_PIXELS,
+    DEFAULT_TEXT_WEIGHTS, MAX_BATCH_SIZE_LIMIT, MAX_IMAGE_SIDE, MAX_INSTANCES, MAX_WARMUP_ELEMENTS, MODEL_CONFIG_FILE,
+    PROCESSOR_CONFIG_FILE,
 };
 pub use dtype::{DataType, Element, UnknownDataType};
 pub use engine::{Engine, ModelMetadata};

@@ -14,5 +14,5 @@ pub use loader::{build_engine, load, EngineBuilder, EngineSettings, LoadedModel,
 pub use repository::{Defaults, Repository};
 pub use task::{
     registration, triton_classification, Answer, Input, Prepared, Registration, Request, Reserve, Service, Task,
-    TaskError, TextFront, TextInput, Texts, Token,
+    TaskError, TextFront, TextInput, Texts, Token, Tower,
 };

@@ -9,7 +9,7 @@ use inferd_core::{Backend, BatchingConfig, Engine, ModelConfig, ModelMetadata, P
 use inferd_onnx::OnnxSettings;
 
 use crate::budget::{self, GpuMemoryReader, HostMemory, Need, Place};
-use crate::task::{self, Service, Task};
+use crate::task::{self, Service, Task, Tower};
 
 /// Builds an engine for a model in place of its backend: for tests that need an engine no model file describes
 /// (a slow one, say), run through the whole server.
@@ -45,6 +45,8 @@ pub fn build_engine(config: &ModelConfig, settings: &EngineSettings) -> inferd_c
 pub struct LoadedModel {
     pub version: u64,
     pub batcher: Batcher,
+    /// A model of two towers: the batcher of its texts, which run on its engines' text towers.
+    pub text_batcher: Option<Batcher>,
     pub task: Arc<dyn Task>,
     /// Its task's name in `model.toml`.
     task_name: &'static str,
@@ -90,6 +92,19 @@ impl LoadedModel {
     pub fn engine_metadata(&self) -> &ModelMetadata {
         self.batcher.metadata()
     }
+
+    /// The batcher of `tower`'s requests.
+    pub fn batcher_for(&self, tower: Tower) -> &Batcher {
+        match (tower, &self.text_batcher) {
+            (Tower::Text, Some(texts)) => texts,
+            _ => &self.batcher,
+        }
+    }
+
+    /// Every batcher it has: its own, and a model of two towers' texts'.
+    pub fn batchers(&self) -> impl Iterator<Item = &Batcher> {
+        std::iter::once(&self.batcher).chain(&self.text_batcher)
+    }
 }
 
 /// Loads every instance of a model, warms each (see [`WarmUp::plan`]), makes its task, and starts its batcher,
@@ -106,6 +121,8 @@ pub fn load(
         budget::check(Need::of(config), place, before, HostMemory::read())?;
     }
     let mut engines = Vec::with_capacity(config.instances);
+    // A model of two towers' text towers, one per instance.
+    let mut text_engines = Vec::new();
     let mut batching = config.batching.clone();
     let mut warmed = true;
     for instance in 0..config.instances {
@@ -131,20 +148,28 @@ pub fn load(
         if !warm_up(engine.as_mut(), config, &batching, instance)? {
             warmed = false;
         }
+        if let Some(mut texts) = engine.text_tower() {
+            if !warm_up(texts.as_mut(), config, &batching, instance)? {
+                warmed = false;
+            }
+            text_engines.push(texts);
+        }
         // The warm-up's largest batch proved it fits; its working memory goes back until batches need it again.
         engine.release_cached_memory();
         engines.push(engine);
     }
     let Some(first) = engines.first() else { anyhow::bail!("model `{}` has no instance to run", config.name) };
+    let texts = text_engines.first().map(|e| e.metadata());
     // The batcher batches a text engine's sequences by tokens; the task must be the one that makes them.
-    if task::registration(config).service.takes_text() != first.metadata().text.is_some() {
+    let takes_text = first.metadata().text.is_some() || texts.is_some_and(|t| t.text.is_some());
+    if task::registration(config).service.takes_text() != takes_text {
         anyhow::bail!(
             "its task is `{}`, but its engine {} text",
             config.task.as_str(),
-            if first.metadata().text.is_some() { "takes" } else { "does not take" }
+            if takes_text { "takes" } else { "does not take" }
         );
     }
-    let task = task::for_model(config, first.metadata())?;
+    let task = task::for_model(config, first.metadata(), texts)?;
     let device_bytes = match (place, before, &settings.gpu_memory) {
         (Place::Gpu(n), Some(before), Some(read)) if first.metadata().on_gpu() => {
             read(n).map(|after| before.free.saturating_sub(after.free))
@@ -152,6 +177,13 @@ pub fn load(
         _ => None,
     };
     let memory = ModelMemory { weight_bytes: engines.iter().map(|e| e.weight_bytes()).sum(), device_bytes };
+    let text_batcher = match text_engines.is_empty() {
+        true => None,
+        false => Some(
+            Batcher::start(&config.name, &batching, text_engines, observer.clone())
+                .context("cannot start its text towers' threads")?,
+        ),
+    };
     let batcher = Batcher::start(&config.name, &batching, engines, observer).context("cannot start its threads")?;
     let meta = batcher.metadata();
     tracing::info!(
@@ -170,6 +202,7 @@ pub fn load(
     Ok(LoadedModel {
         version: config.version,
         batcher,
+        text_batcher,
         task,
         task_name: config.task.as_str(),
         batching,

@@ -136,7 +136,7 @@ impl Server {
         let drain = state.drain().clone();
         let flush = {
             let state = state.clone();
-            move || state.models().iter().filter_map(|m| m.loaded()).for_each(|m| m.batcher.flush())
+            move || state.models().iter().filter_map(|m| m.loaded()).for_each(|m| m.batchers().for_each(|b| b.flush()))
         };
         let closing = drain.clone().until_closing(shutdown, flush);
         let http = connections::serve(listener, app(state.clone()), connection_settings, drain.clone(), closing);
@@ -233,7 +233,9 @@ async fn stop_batchers(models: Vec<Arc<ModelEntry>>) {
     let stopped = tokio::task::spawn_blocking(move || {
         for model in &models {
             if let Some(loaded) = model.loaded() {
-                if !loaded.batcher.stop(Duration::from_secs(1)) {
+                // Every batcher is stopped, whether or not one before it finished in time.
+                let finished: Vec<bool> = loaded.batchers().map(|b| b.stop(Duration::from_secs(1))).collect();
+                if finished.contains(&false) {
                     tracing::warn!(model = model.name(), "a worker is still busy at exit");
                 }
             }

@@ -3,7 +3,7 @@
 
 Each fixture is a model folder as the hub lays out a CLIP-style checkpoint (config.json with text_config and
 vision_config, model.safetensors with CLIPModel's / SiglipModel's tensor names, preprocessor_config.json,
-tokenizer.json, tokenizer_config.json, special_tokens_map.json):
+tokenizer.json, tokenizer_config.json, special_tokens_map.json), with the model.toml that serves it:
 
 - clip/: CLIPModel, each tower hidden 32, 2 layers, 4 heads, quick GELU; pictures of 32 × 32 in patches of 8; text
   of at most 16 tokens, a byte-level BPE tokenizer whose <|startoftext|> and <|endoftext|> are its last ids (as
@@ -42,6 +42,13 @@ from make_native import perturb, round_rows, save_model, train_bytelevel_bpe, wr
 SCRIPT = "tests/data/clip/make_clip.py"
 MAX_TOKENS = 16
 TEXTS = ["a photo of a cat", "a photo of a dog", "the quick brown fox", "a", "numbers 1 2 3"]
+MODEL_TOML = """# Tiny {kind}, random weights; made by tests/data/clip/make_clip.py. Pictures and texts into one space.
+backend = "candle"
+task = "embed"
+
+[candle]
+architecture = "clip"
+"""
 TOWER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 
 
@@ -86,6 +93,7 @@ def make_clip(refs):
     perturb(model, 303)
     folder = HERE / "clip"
     save_model(model, folder)
+    (folder / "model.toml").write_text(MODEL_TOML.format(kind="CLIPModel"))
     special_map = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
                    "unk_token": "<|endoftext|>"}
     write_tokenizer(folder, tok, special_map, {"model_max_length": MAX_TOKENS})
@@ -120,6 +128,7 @@ def make_siglip(refs):
     perturb(model, 404)
     folder = HERE / "siglip"
     save_model(model, folder)
+    (folder / "model.toml").write_text(MODEL_TOML.format(kind="SiglipModel"))
     special_map = {"eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
     write_tokenizer(folder, tok, special_map, {"model_max_length": MAX_TOKENS})
     write_json(folder / "preprocessor_config.json", {

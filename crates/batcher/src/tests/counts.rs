@@ -67,6 +67,7 @@ fn text_batcher_with(observer: Arc<Observed>, hidden_states: bool, config: &Batc
             multi_label: false,
             prompts: Default::default(),
             default_prompt: None,
+            similarity: None,
             contracts: match hidden_states {
                 true => vec![Contract::Pooled, Contract::TokenStates],
                 false => vec![Contract::Pooled],

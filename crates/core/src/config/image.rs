@@ -30,6 +30,9 @@ pub struct ImageConfig {
     /// `resize = "crop"`: the shorter side is first resized to this (224 / 256 for ImageNet models); default: the
     /// crop's longer side.
     pub shorter_side: Option<u32>,
+    /// `resize = "crop"`: how the longer side's resized length is rounded.
+    #[serde(default)]
+    pub rounding: Rounding,
     /// `resize = "letterbox"`: where the resized picture sits in the padded tensor.
     #[serde(default)]
     pub anchor: Anchor,
@@ -101,6 +104,17 @@ pub enum Resize {
     /// Its own size (at most `max_side`), each side then resized to a multiple of `multiple_of`: models with
     /// dynamic height and width (text detectors).
     Multiple,
+}
+
+/// How a resized side's length is rounded to whole pixels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Rounding {
+    /// To the nearest (torchvision, timm).
+    #[default]
+    Nearest,
+    /// Down (transformers' image processors).
+    Down,
 }
 
 /// `resize = "letterbox"`: where the picture sits.
@@ -230,6 +244,7 @@ impl ImageConfig {
             }
         };
         only("shorter_side", self.shorter_side.is_some() && self.resize != Resize::Crop, "crop")?;
+        only("rounding", self.rounding != Rounding::Nearest && self.resize != Resize::Crop, "crop")?;
         only("anchor", self.anchor != Anchor::Center && self.resize != Resize::Letterbox, "letterbox")?;
         only("multiple_of", self.multiple_of.is_some() && self.resize != Resize::Multiple, "multiple")?;
         only("max_side", self.max_side.is_some() && self.resize != Resize::Multiple, "multiple")?;

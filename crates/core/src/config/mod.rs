@@ -5,6 +5,7 @@ mod batching;
 mod image;
 mod kinds;
 mod options;
+mod processor;
 mod tensor_spec;
 mod versions;
 mod warmup;
@@ -17,11 +18,12 @@ use crate::error::{Error, Result};
 
 pub use batching::{BatchingConfig, DEFAULT_MAX_BATCH_TOKENS, MAX_BATCH_SIZE_LIMIT};
 pub use image::{
-    Anchor, Channels, Filter, ImageConfig, Labels, Layout, OutputConfig, OutputKind, Resize, DEFAULT_MAX_PIXELS,
-    MAX_IMAGE_SIDE,
+    Anchor, Channels, Filter, ImageConfig, Labels, Layout, OutputConfig, OutputKind, Resize, Rounding,
+    DEFAULT_MAX_PIXELS, MAX_IMAGE_SIDE,
 };
 pub use kinds::{Backend, DeviceSpec, Pooling, Precision, Task};
 pub use options::{CandleOptions, MemoryOptions, OnnxOptions, TextOverrides, DEFAULT_TEXT_WEIGHTS};
+pub use processor::PROCESSOR_CONFIG_FILE;
 pub use tensor_spec::TensorSpec;
 pub use versions::VersionPolicy;
 pub use warmup::{WarmupConfig, WarmupInput, MAX_WARMUP_ELEMENTS};

@@ -65,8 +65,18 @@ impl Contract {
     }
 }
 
+/// How a model of two towers (CLIP, SigLIP) scores a picture against a text: its logit is `scale` × the cosine of
+/// their embeddings, plus `bias`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Similarity {
+    /// `exp(logit_scale)`.
+    pub scale: f32,
+    /// SigLIP's `logit_bias`. With one, each text is scored alone (a sigmoid); without, texts share one softmax.
+    pub bias: Option<f32>,
+}
+
 /// What a loaded text model is, as its engine reports it in its metadata.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TextInfo {
     /// The `tokenizer.json` the server tokenizes with.
     pub tokenizer: PathBuf,
@@ -89,6 +99,8 @@ pub struct TextInfo {
     pub prompts: BTreeMap<String, String>,
     /// The prompt a text takes when its request names none.
     pub default_prompt: Option<String>,
+    /// A model of two towers' text tower: how its texts score against pictures.
+    pub similarity: Option<Similarity>,
 }
 
 impl TextInfo {
@@ -330,6 +342,7 @@ impl TextSettings {
             contracts,
             prompts: self.prompts.clone(),
             default_prompt: self.default_prompt.clone(),
+            similarity: None,
         })
     }
 }

@@ -10,13 +10,13 @@ use inferd_core::text::Contract;
 use inferd_core::{DataType, ModelConfig, ModelMetadata, Tensor, TensorSpec};
 
 use super::text::{single_texts, text_face, TextFront};
-use super::{Answer, Prepared, Registration, Request, Service, Task, TaskError};
+use super::{Answer, Options, Prepared, Registration, Request, Service, Task, TaskError};
 
 pub(super) const REGISTRATION: Registration = Registration {
     service: Service::Embed,
     // Each token's state where the engine gives it: what `/embed_all` serves.
     contracts: &[Contract::Pooled, Contract::TokenStates],
-    load: |_: &ModelConfig, engine: &ModelMetadata| Ok(Arc::new(EmbedTask::load(engine)?)),
+    load: |_: &ModelConfig, engine: &ModelMetadata, _: Option<&ModelMetadata>| Ok(Arc::new(EmbedTask::load(engine)?)),
 };
 
 /// The name of a text model's texts on the tensor protocols (KServe v2, `/predict`).
@@ -141,16 +141,7 @@ impl Task for EmbedTask {
         let options = &request.options;
         let info = self.front.info();
         let full = info.dimensions;
-        let dimensions = match options.get::<Dimensions>() {
-            None => full,
-            Some(&Dimensions(0)) => return Err(TaskError::Invalid("dimensions: must be at least 1".into())),
-            Some(&Dimensions(asked)) if asked > full => {
-                return Err(TaskError::Invalid(format!(
-                    "dimensions: this model gives {full}-dimensional embeddings and cannot lengthen them to {asked}"
-                )))
-            }
-            Some(&Dimensions(asked)) => asked,
-        };
+        let dimensions = dimensions(options, full)?;
         let (sequences, tokens) = self.front.sequences(&input, max_rows, "embed")?;
         if options.get::<PerToken>().is_some() {
             return self.per_token(sequences, tokens, request.deadline);
@@ -158,21 +149,41 @@ impl Task for EmbedTask {
         let normalize = options.get::<Normalize>().map_or(info.normalize, |n| n.0);
         Ok(Prepared::new(
             InferRequest::sequences(sequences, Contract::Pooled).with_deadline(request.deadline),
-            Box::new(move |mut tensors| {
-                if dimensions < full {
-                    tensors = tensors.iter().map(|t| first_columns(t, dimensions)).collect::<Result<_, _>>()?;
-                }
-                if normalize {
-                    tensors = tensors.iter().map(normalize_rows).collect::<Result<_, _>>()?;
-                }
-                Ok(Answer::tensors(tensors, tokens))
-            }),
+            Box::new(move |tensors| Ok(Answer::tensors(shape_vectors(tensors, dimensions, full, normalize)?, tokens))),
         ))
     }
 
     fn tokenizer(&self) -> Option<&TextFront> {
         Some(&self.front)
     }
+}
+
+/// The dimensions a request asks for ([`Dimensions`]) of a model's `full`-dimensional embeddings.
+pub(super) fn dimensions(options: &Options, full: usize) -> Result<usize, TaskError> {
+    match options.get::<Dimensions>() {
+        None => Ok(full),
+        Some(&Dimensions(0)) => Err(TaskError::Invalid("dimensions: must be at least 1".into())),
+        Some(&Dimensions(asked)) if asked > full => Err(TaskError::Invalid(format!(
+            "dimensions: this model gives {full}-dimensional embeddings and cannot lengthen them to {asked}"
+        ))),
+        Some(&Dimensions(asked)) => Ok(asked),
+    }
+}
+
+/// Pooled vectors (`FP32 [rows, full]` tensors) cut to their first `dimensions` and normalised, as asked.
+pub(super) fn shape_vectors(
+    mut tensors: Vec<Tensor>,
+    dimensions: usize,
+    full: usize,
+    normalize: bool,
+) -> Result<Vec<Tensor>, TaskError> {
+    if dimensions < full {
+        tensors = tensors.iter().map(|t| first_columns(t, dimensions)).collect::<Result<_, _>>()?;
+    }
+    if normalize {
+        tensors = tensors.iter().map(normalize_rows).collect::<Result<_, _>>()?;
+    }
+    Ok(tensors)
 }
 
 /// The first `n` columns of each row of an `FP32 [rows, dim]` tensor.

@@ -50,6 +50,7 @@ fn task_with(dir: &Path, max_seq_len: usize, dimensions: usize, hidden_states: b
             multi_label: false,
             prompts: Default::default(),
             default_prompt: None,
+            similarity: None,
             contracts: match hidden_states {
                 true => vec![Contract::Pooled, Contract::TokenStates],
                 false => vec![Contract::Pooled],

@@ -4,6 +4,7 @@
 //! an [`Answer`]; they never see a task's insides. A new task is one new type implementing [`Task`] with its
 //! [`Registration`], one line in [`registration`], and its kind in `model.toml` (`inferd_core::Task`).
 
+mod clip;
 mod embed;
 mod image;
 mod score;
@@ -20,6 +21,7 @@ use inferd_batcher::InferRequest;
 use inferd_core::text::Contract;
 use inferd_core::{ModelConfig, ModelMetadata, Tensor};
 
+pub use self::clip::ClipTask;
 pub use self::embed::{Dimensions, EmbedTask, Normalize, PerToken, TEXT_INPUT};
 pub use self::image::{file_from_base64, triton_classification, Class, Detection, ImageTask, Picture, Reading};
 pub use self::score::{RawScores, ScoreTask, QUERY_INPUT, SCORES_OUTPUT, SCORE_OUTPUT};
@@ -100,9 +102,14 @@ pub struct Registration {
     pub service: Service,
     /// A text engine's contracts: the first it must compute, the others where it can. None: a tensor model.
     pub contracts: &'static [Contract],
-    /// Makes the task of a model configured by the config and run by engines of the metadata. Blocking.
-    load: fn(&ModelConfig, &ModelMetadata) -> anyhow::Result<Arc<dyn Task>>,
+    /// Makes the task of a model configured by the config and run by engines of the metadata (and, for a model of
+    /// two towers, text towers of the second). Blocking.
+    load: Load,
 }
+
+/// How a registration makes a task: from the model's configuration, its engines' metadata and, for a model of two
+/// towers, its text towers'.
+type Load = fn(&ModelConfig, &ModelMetadata, Option<&ModelMetadata>) -> anyhow::Result<Arc<dyn Task>>;
 
 /// How the model `config` describes is served: the one place that picks a task.
 pub fn registration(config: &ModelConfig) -> Registration {
@@ -110,6 +117,7 @@ pub fn registration(config: &ModelConfig) -> Registration {
     match config.task {
         Kind::Tensors if config.image.is_some() => image::REGISTRATION,
         Kind::Tensors => tensors::REGISTRATION,
+        Kind::Embed if clip::two_towers(config) => clip::REGISTRATION,
         Kind::Embed => embed::REGISTRATION,
         Kind::EmbedSparse => sparse::REGISTRATION,
         Kind::Rerank => score::RERANK,
@@ -118,9 +126,14 @@ pub fn registration(config: &ModelConfig) -> Registration {
     }
 }
 
-/// The task of a model whose engines report `engine` as their metadata. Blocking (a text model's tokenizer is read).
-pub fn for_model(config: &ModelConfig, engine: &ModelMetadata) -> anyhow::Result<Arc<dyn Task>> {
-    (registration(config).load)(config, engine)
+/// The task of a model whose engines report `engine` as their metadata (and a model of two towers, whose text
+/// towers report `texts`). Blocking (a text model's tokenizer is read).
+pub fn for_model(
+    config: &ModelConfig,
+    engine: &ModelMetadata,
+    texts: Option<&ModelMetadata>,
+) -> anyhow::Result<Arc<dyn Task>> {
+    (registration(config).load)(config, engine, texts)
 }
 
 /// What a client asks of a model, in the form a protocol decoded it into.
@@ -303,10 +316,22 @@ impl std::fmt::Debug for Answer {
 /// The step after the batcher, made by the step before it: it holds what the answer needs from the request.
 pub type Finish = Box<dyn FnOnce(Vec<Tensor>) -> Result<Answer, TaskError> + Send>;
 
+/// Which of a model's engines runs a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Tower {
+    /// The model's own.
+    #[default]
+    Main,
+    /// A model of two towers' text tower ([`inferd_core::Engine::text_tower`]), batched apart.
+    Text,
+}
+
 /// A request made ready for the batcher, and how its outputs become the answer.
 pub struct Prepared {
     pub request: InferRequest,
     pub finish: Finish,
+    /// The engines that run it.
+    pub tower: Tower,
     /// How long each named step of preparing took (a vision model's `decode` and `resize`), for the metrics.
     pub stages: Vec<(&'static str, Duration)>,
     /// Whether the task has already held the request's tensors against the in-flight budget (through
@@ -316,7 +341,7 @@ pub struct Prepared {
 
 impl Prepared {
     pub fn new(request: InferRequest, finish: Finish) -> Self {
-        Prepared { request, finish, stages: Vec::new(), counted: false }
+        Prepared { request, finish, tower: Tower::Main, stages: Vec::new(), counted: false }
     }
 
     /// A text request's token sequences (each its token inputs `[1, len]`), for the engine benchmark.

@@ -19,13 +19,17 @@ use super::{refused, Answer, Input, Prepared, Registration, Request, Service, Ta
 pub(super) const RERANK: Registration = Registration {
     service: Service::Rerank,
     contracts: &[Contract::SequenceScores],
-    load: |_: &ModelConfig, engine: &ModelMetadata| Ok(Arc::new(ScoreTask::load(engine, true)?)),
+    load: |_: &ModelConfig, engine: &ModelMetadata, _: Option<&ModelMetadata>| {
+        Ok(Arc::new(ScoreTask::load(engine, true)?))
+    },
 };
 
 pub(super) const CLASSIFY: Registration = Registration {
     service: Service::Classify,
     contracts: &[Contract::SequenceScores],
-    load: |_: &ModelConfig, engine: &ModelMetadata| Ok(Arc::new(ScoreTask::load(engine, false)?)),
+    load: |_: &ModelConfig, engine: &ModelMetadata, _: Option<&ModelMetadata>| {
+        Ok(Arc::new(ScoreTask::load(engine, false)?))
+    },
 };
 
 /// The head's logits as they are, rather than as probabilities.

@@ -15,7 +15,7 @@ use super::{Answer, Prepared, Registration, Request, Service, Task, TaskError};
 pub(super) const REGISTRATION: Registration = Registration {
     service: Service::EmbedSparse,
     contracts: &[Contract::SparseWeights],
-    load: |_: &ModelConfig, engine: &ModelMetadata| Ok(Arc::new(SparseTask::load(engine)?)),
+    load: |_: &ModelConfig, engine: &ModelMetadata, _: Option<&ModelMetadata>| Ok(Arc::new(SparseTask::load(engine)?)),
 };
 
 /// A sparse embedding model's output on the tensor protocols: a weight per vocabulary entry, `FP32 [texts, vocab]`.

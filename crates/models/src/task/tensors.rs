@@ -11,7 +11,9 @@ use super::{refused, Answer, Input, Prepared, Registration, Request, Service, Ta
 pub(super) const REGISTRATION: Registration = Registration {
     service: Service::Tensors,
     contracts: &[],
-    load: |_: &ModelConfig, engine: &ModelMetadata| Ok(Arc::new(TensorTask::new(engine.clone()))),
+    load: |_: &ModelConfig, engine: &ModelMetadata, _: Option<&ModelMetadata>| {
+        Ok(Arc::new(TensorTask::new(engine.clone())))
+    },
 };
 
 /// A model that takes and gives tensors.

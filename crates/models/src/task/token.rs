@@ -21,7 +21,7 @@ use super::{Answer, Prepared, Registration, Request, Service, Task, TaskError, T
 pub(super) const REGISTRATION: Registration = Registration {
     service: Service::TokenClassify,
     contracts: &[Contract::TokenScores],
-    load: |_: &ModelConfig, engine: &ModelMetadata| Ok(Arc::new(TokenTask::load(engine)?)),
+    load: |_: &ModelConfig, engine: &ModelMetadata, _: Option<&ModelMetadata>| Ok(Arc::new(TokenTask::load(engine)?)),
 };
 
 /// Each token's probabilities on the tensor protocols: `FP32 [texts, tokens, labels]`.

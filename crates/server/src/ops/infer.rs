@@ -128,7 +128,7 @@ pub async fn infer(
     // Preparing may have run on the blocking pool: the request's span is this task's.
     request.span = tracing::Span::current();
     let per_token = request.pieces == Pieces::Apart;
-    let out = model.batcher.infer(request).await?;
+    let out = model.batcher_for(prepared.tower).infer(request).await?;
     let finish = prepared.finish;
     let engine = model.clone();
     let answer = off_runtime_answering(encodes_large(&out.outputs), move || {

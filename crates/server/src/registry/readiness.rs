@@ -121,7 +121,7 @@ impl StallWatch {
     /// Why `model`'s engine counts as stalled: a batch has run past the timeout.
     pub fn stall(&self, model: &ModelEntry) -> Option<String> {
         let limit = self.timeout?;
-        let running = model.loaded()?.batcher.longest_running().filter(|t| *t > limit)?;
+        let running = model.loaded()?.batchers().filter_map(|b| b.longest_running()).max().filter(|t| *t > limit)?;
         Some(format!(
             "model `{}`: a batch has run for {:.1} s (--stall-timeout {} s): its engine may be stalled",
             model.name(),

@@ -125,7 +125,7 @@ impl<'a> ModelHealth<'a> {
             }
             ModelState::Ready(loaded) => {
                 let b = &loaded.batcher;
-                if let Some(text) = &b.metadata().text {
+                if let Some(text) = loaded.batchers().find_map(|b| b.metadata().text.as_ref()) {
                     h.dimensions = Some(text.dimensions);
                     h.max_seq_len = Some(text.max_seq_len);
                 }
@@ -138,7 +138,7 @@ impl<'a> ModelHealth<'a> {
                 h.max_batch_size = Some(loaded.batching.max_batch_size);
                 h.weight_bytes = loaded.memory.weight_bytes;
                 h.device_memory_bytes = loaded.memory.device_bytes;
-                h.queue_depth = b.queue_depth();
+                h.queue_depth = loaded.batchers().map(|b| b.queue_depth()).sum();
                 if let Some(counts) = model.counts() {
                     h.requests = counts.requests.load(Ordering::Relaxed);
                     h.batches = counts.batches.load(Ordering::Relaxed);
@@ -231,7 +231,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
     let models = state.models();
     let versions = models.iter().map(|m| {
         let loaded = m.loaded();
-        (m.name(), loaded.map_or(0, |l| l.batcher.queue_depth()), loaded.map(|l| l.memory))
+        (m.name(), loaded.map_or(0, |l| l.batchers().map(|b| b.queue_depth()).sum()), loaded.map(|l| l.memory))
     });
     let text = state.metrics().render(versions, &gpus);
     ([(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"))], text)

@@ -35,6 +35,7 @@ pub mod openai;
 pub mod predict;
 pub mod tei;
 pub mod v2;
+pub mod zero_shot;
 
 use inferd_models::Texts;
 use serde::Deserialize;

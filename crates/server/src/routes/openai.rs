@@ -1,7 +1,7 @@
 //! Embeddings as OpenAI's API serves them, so that the `openai` client works unchanged: `POST /v1/embeddings` and
 //! `POST /embeddings` (as TEI serves it; the model named in the body, or the default embedder; `float` or `base64`
-//! encoding; `dimensions`) and `GET /v1/models`. Errors come as OpenAI's
-//! `{"error": {"message", "type", "param", "code"}}`.
+//! encoding; `dimensions`; pictures for a model that embeds them, with Infinity's `modality`) and `GET /v1/models`.
+//! Errors come as OpenAI's `{"error": {"message", "type", "param", "code"}}`.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -10,7 +10,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine as _;
-use inferd_models::task::Dimensions;
+use inferd_models::task::{file_from_base64, Dimensions};
 use inferd_models::{Answer, Input, Request, Service, TextInput};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
@@ -41,8 +41,13 @@ pub struct EmbeddingsRequest {
     /// The model: one of `GET /v1/models`; without it, the default embedder (`--default-embed-model`).
     #[serde(default)]
     model: Option<String>,
-    /// A text, a list of texts, a list of token ids, or a list of token-id lists.
+    /// A text, a list of texts, a list of token ids, or a list of token-id lists; with `modality: "image"`, a picture or a
+    /// list of pictures, each its file as a `data:` URL or base64.
     input: TextsInput,
+    /// What `input` holds: `text` (the default) or `image`, for a model that embeds both into one space (CLIP,
+    /// SigLIP), as Infinity's clients send it (`extra_body={"modality": "image"}` with the `openai` client).
+    #[serde(default)]
+    modality: Option<String>,
     /// `float` (default) or `base64` (little-endian FP32).
     #[serde(default)]
     encoding_format: Option<String>,
@@ -151,12 +156,25 @@ async fn embed(
 ) -> Result<Response, OpenAiFailure> {
     let body = body.map_err(body_error)?;
     let large = body.len() > INLINE_WORK_BYTES;
-    // The body names the model, so it is parsed before there is a model to decode for: large ones off the runtime.
+    // The body names the model, so it is parsed before there is a model to decode for: large ones off the runtime,
+    // with their pictures' base64.
     let parse = move || {
-        serde_json::from_slice::<EmbeddingsRequest>(&body)
-            .map_err(|e| AppError::bad_request(format!("invalid embeddings request: {e}")))
+        let mut request = serde_json::from_slice::<EmbeddingsRequest>(&body)
+            .map_err(|e| AppError::bad_request(format!("invalid embeddings request: {e}")))?;
+        let input = std::mem::replace(&mut request.input, TextsInput::Many(Vec::new()));
+        let input = match request.modality.as_deref() {
+            None | Some("text") => Input::Texts(TextInput::new(input.into())),
+            Some("image") => Input::Images(pictures(input)?),
+            Some(other) => {
+                return Err(AppError::bad_request(format!(
+                    "modality: `{}` is not one of `text`, `image`",
+                    quoted(other)
+                )))
+            }
+        };
+        Ok::<_, AppError>((request, input))
     };
-    let request = off_runtime_if(large, parse).await??;
+    let (request, input) = off_runtime_if(large, parse).await??;
     let encoding = match request.encoding_format.as_deref() {
         None | Some("float") => Encoding::Float,
         Some("base64") => Encoding::Base64,
@@ -176,7 +194,7 @@ async fn embed(
     let answer = async {
         let model = entry.serving()?;
         require(&model, Service::Embed)?;
-        let mut infer_request = Request::new(Input::Texts(TextInput::new(request.input.into())));
+        let mut infer_request = Request::new(input);
         if let Some(n) = request.dimensions {
             infer_request = infer_request.with(Dimensions(n));
         }
@@ -192,6 +210,32 @@ async fn embed(
     };
     response.extensions_mut().insert(served_model);
     Ok(response)
+}
+
+/// The pictures of a `modality: "image"` input: each a `data:` URL or base64. This server fetches nothing, so a
+/// picture's web address is refused.
+fn pictures(input: TextsInput) -> Result<Vec<Bytes>, AppError> {
+    let texts = match input {
+        TextsInput::One(text) => vec![text],
+        TextsInput::Many(texts) => texts,
+        TextsInput::Ids(_) | TextsInput::ManyIds(_) => {
+            return Err(AppError::bad_request("input: pictures come as data: URLs or base64, not token ids"))
+        }
+    };
+    texts
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            if text.starts_with("http://") || text.starts_with("https://") {
+                return Err(AppError::bad_request(format!(
+                    "input[{i}]: a web address; this server fetches nothing: send the picture as a data: URL or base64"
+                )));
+            }
+            file_from_base64(text)
+                .map(Bytes::from)
+                .map_err(|e| AppError::bad_request(format!("input[{i}]: not a data: URL or base64 ({e})")))
+        })
+        .collect()
 }
 
 #[derive(Clone, Copy)]

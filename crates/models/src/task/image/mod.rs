@@ -24,7 +24,9 @@ use super::{refused, Answer, Input, Prepared, Registration, Request, Service, Ta
 pub(super) const REGISTRATION: Registration = Registration {
     service: Service::Images,
     contracts: &[],
-    load: |config: &ModelConfig, engine: &ModelMetadata| Ok(Arc::new(ImageTask::load(config, engine)?)),
+    load: |config: &ModelConfig, engine: &ModelMetadata, _: Option<&ModelMetadata>| {
+        Ok(Arc::new(ImageTask::load(config, engine)?))
+    },
 };
 
 /// A model that takes pictures.

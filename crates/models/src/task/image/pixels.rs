@@ -7,7 +7,7 @@ use std::io::Cursor;
 use fast_image_resize as fir;
 use image::{DynamicImage, ImageDecoder, ImageReader};
 use inferd_core::half::f16;
-use inferd_core::{Anchor, Channels, DataType, Filter, ImageConfig, Layout, Resize};
+use inferd_core::{Anchor, Channels, DataType, Filter, ImageConfig, Layout, Resize, Rounding};
 
 use super::super::TaskError;
 
@@ -188,8 +188,15 @@ pub fn fit(
         Resize::Crop => {
             let shorter = config.shorter_side.unwrap_or(tw.max(th));
             let r = f64::from(shorter) / fw.min(fh);
-            let rw = ((fw * r).round() as u32).max(tw);
-            let rh = ((fh * r).round() as u32).max(th);
+            // The shorter side is exactly `shorter`; the longer side rounded as configured.
+            let side = |f: f64| match config.rounding {
+                _ if f == fw.min(fh) => shorter,
+                Rounding::Nearest => (f * r).round() as u32,
+                // As transformers computes it: `int(size * long / short)`.
+                Rounding::Down => (f64::from(shorter) * f / fw.min(fh)) as u32,
+            };
+            let rw = side(fw).max(tw);
+            let rh = side(fh).max(th);
             let (cx, cy) = ((rw - tw) / 2, (rh - th) / 2);
             (rw, rh, -i64::from(cx), -i64::from(cy), Some((cx, cy)))
         }

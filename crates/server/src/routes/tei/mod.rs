@@ -73,6 +73,10 @@ pub(crate) async fn root(
         Service::Classify => score::predict(&state, &model, &hold.0, body.map_err(body_error)?).await,
         Service::TokenClassify => token::classify_tokens(&state, &model, &hold.0, body.map_err(body_error)?).await,
         Service::EmbedSparse => embed_sparse(state, Ok(routed), hold, body).await,
+        // A picture and candidate labels: zero-shot classification, as the Hugging Face Inference API serves it.
+        Service::Embed if body.as_ref().is_ok_and(|b| super::zero_shot::asked(&model, b)) => {
+            Ok(super::zero_shot::classify(&state, &model, &hold.0, body.map_err(body_error)?).await?)
+        }
         // A similarity request's `inputs` is an object (`source_sentence`, `sentences`); an embed request's is not.
         Service::Embed if body.as_ref().is_ok_and(|b| inputs_kind(b) == Some(InputsKind::Object)) => {
             similarity(state, Ok(routed), hold, body).await

@@ -1,0 +1,96 @@
+//! CLIP and SigLIP (`[candle] architecture = "clip"`, `task = "embed"`): pictures and texts into one space. A picture
+//! is decoded and made into pixel values as the folder's `preprocessor_config.json` says (or `model.toml`'s
+//! `[image]`) and runs on the model's own engines; a text is tokenized and runs on its text towers
+//! ([`Tower::Text`]), batched apart. Both answer as the embed task does: one vector each, cut to the dimensions asked
+//! for, unit length unless the request or `model.toml` says otherwise.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use inferd_core::text::Contract;
+use inferd_core::{Backend, ImageConfig, ModelConfig, ModelMetadata, PROCESSOR_CONFIG_FILE};
+
+use super::embed::{dimensions, shape_vectors, EmbedTask, Normalize};
+use super::image::ImageTask;
+use super::{Input, Prepared, Registration, Request, Service, Task, TaskError, TextFront, Tower};
+
+pub(super) const REGISTRATION: Registration = Registration {
+    service: Service::Embed,
+    contracts: &[Contract::Pooled],
+    load: |config: &ModelConfig, pictures: &ModelMetadata, texts: Option<&ModelMetadata>| {
+        let texts = texts.context("its engine has no text tower: this is a bug")?;
+        Ok(Arc::new(ClipTask::load(config, pictures, texts)?))
+    },
+};
+
+/// Whether `config` is a model of two towers, pictures and texts (CLIP, SigLIP).
+pub(super) fn two_towers(config: &ModelConfig) -> bool {
+    config.backend == Backend::Candle && config.candle.as_ref().is_some_and(|c| c.architecture == "clip")
+}
+
+/// A model that embeds pictures and texts into one space.
+#[derive(Debug)]
+pub struct ClipTask {
+    pictures: ImageTask,
+    texts: EmbedTask,
+    /// The vectors' length, and whether they are normalised unless a request says.
+    dimensions: usize,
+    normalize: bool,
+}
+
+impl ClipTask {
+    /// The task of a model whose engines report `pictures` and whose text towers report `texts`. Blocking.
+    pub fn load(config: &ModelConfig, pictures: &ModelMetadata, texts: &ModelMetadata) -> anyhow::Result<ClipTask> {
+        let info = texts.text.as_ref().context("its text tower takes no text: this is a bug")?;
+        let mut config = config.clone();
+        if config.image.is_none() {
+            let input = pictures.inputs.first().context("its engine takes no picture: this is a bug")?;
+            let processor = config.dir.join(PROCESSOR_CONFIG_FILE);
+            let image = ImageConfig::from_processor(&processor, &input.name).with_context(|| {
+                format!("its pictures are made as {PROCESSOR_CONFIG_FILE} says, or as model.toml's [image] does")
+            })?;
+            config.image = Some(image);
+        }
+        Ok(ClipTask {
+            pictures: ImageTask::load(&config, pictures)?,
+            texts: EmbedTask::load(texts)?,
+            dimensions: info.dimensions,
+            normalize: info.normalize,
+        })
+    }
+}
+
+impl Task for ClipTask {
+    /// Its texts' face: the tensor protocols send texts.
+    fn metadata(&self) -> &ModelMetadata {
+        self.texts.metadata()
+    }
+
+    fn service(&self) -> Service {
+        REGISTRATION.service
+    }
+
+    fn prepare_is_heavy(&self) -> bool {
+        true
+    }
+
+    fn prepare(&self, request: Request, max_rows: usize) -> Result<Prepared, TaskError> {
+        if !matches!(request.input, Input::Images(_)) {
+            let mut prepared = self.texts.prepare(request, max_rows)?;
+            prepared.tower = Tower::Text;
+            return Ok(prepared);
+        }
+        let full = self.dimensions;
+        let dimensions = dimensions(&request.options, full)?;
+        let normalize = request.options.get::<Normalize>().map_or(self.normalize, |n| n.0);
+        let mut prepared = self.pictures.prepare(request, max_rows)?;
+        // The picture task reads its answer from the vectors as they will be answered.
+        let finish = prepared.finish;
+        prepared.finish = Box::new(move |outputs| finish(shape_vectors(outputs, dimensions, full, normalize)?));
+        Ok(prepared)
+    }
+
+    fn tokenizer(&self) -> Option<&TextFront> {
+        self.texts.tokenizer()
+    }
+}
