@@ -151,6 +151,11 @@ done
 for name in mpnet modernbert nomic gte qwen3; do
     cp -r "tests/data/architectures/$name" "$STAGE/models/arch-$name"
 done
+# CLIP and SigLIP, tiny (tests/data/clip, some 250 KB each), and two photos they embed.
+for name in clip siglip; do
+    cp -r "tests/data/clip/$name" "$STAGE/models/clip-$name"
+done
+cp tests/data/photos/rocket.jpg tests/data/photos/camera.png "$STAGE/data/"
 cp tests/data/digits_heldout.json "$STAGE/data/"
 cp scripts/gpu-check.sh scripts/gpu_check.py scripts/gpu_machine.py "$STAGE/"
 {

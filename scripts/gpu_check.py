@@ -48,6 +48,9 @@ NER_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
 # cosine between a text's vector on the GPU and in FP32 (the GPU's FP32 against the CPU's).
 ARCHITECTURES = ("mpnet", "modernbert", "nomic", "gte", "qwen3")
 ARCHITECTURE_COSINE = {"fp32": 0.99999, "fp16": 0.999, "bf16": 0.999}
+# CLIP and SigLIP, tiny (tests/data/clip), and the photos they embed (from tests/data/photos).
+CLIPS = ("clip", "siglip")
+CLIP_PHOTOS = {"rocket.jpg": "image/jpeg", "camera.png": "image/png"}
 FIGURE = "figure"
 
 
@@ -123,9 +126,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def http(base, path, body=None, timeout=60):
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(base + path, data=data, headers={"content-type": "application/json"})
+def http(base, path, body=None, timeout=60, content_type="application/json"):
+    """POSTs `body` (JSON, or bytes as `content_type`; GETs without one); returns (status, the answer's JSON)."""
+    data = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base + path, data=data, headers={"content-type": content_type})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as r:
             return r.status, json.loads(r.read() or b"null")
@@ -358,6 +362,33 @@ def check_architecture(table, server, name):
                   f"{worst_token:.6f}")
 
 
+def check_clip(table, server, bundle, name):
+    """(b) for CLIP and SigLIP: the GPU's FP32 vectors of photos and texts against the CPU's, and its FP16 and BF16
+    ones against its FP32, each picture and text alike (normalised: the space's cosine is what they serve)."""
+    models = [f"clip-{name}-cpu"] + [f"clip-{name}-gpu-{p}" for p in ("fp32", "fp16", "bf16")]
+    vectors = {}
+    for model in models:
+        got, problems = [], []
+        for photo, kind in CLIP_PHOTOS.items():
+            data = open(os.path.join(bundle, "data", photo), "rb").read()
+            status, answer = http(server.base, f"/models/{model}/predict", data, content_type=kind)
+            if status != 200:
+                problems.append(f"{photo}: {status} {str(answer)[:200]}")
+                continue
+            got.append(answer["predictions"][0]["outputs"]["embedding"])
+        status, answer = http(server.base, f"/models/{model}/embed", {"inputs": SENTENCES, "truncate": True})
+        if status != 200 or problems:
+            return table.add("outputs", model, False, "; ".join(problems + [f"texts: {status} {str(answer)[:200]}"]))
+        vectors[model] = got + answer
+    for model, precision in zip(models[1:], ("fp32", "fp16", "bf16")):
+        want = models[0] if precision == "fp32" else models[1]
+        worst = min(cosine(g, w) for g, w in zip(vectors[model], vectors[want]))
+        floor = ARCHITECTURE_COSINE[precision]
+        table.add("outputs", f"{model} vs {want}", worst >= floor and len(vectors[model]) == len(vectors[want]),
+                  f"lowest cosine {worst:.6f} over {len(CLIP_PHOTOS)} photos and {len(SENTENCES)} texts "
+                  f"(at least {floor})")
+
+
 def engine_bench(table, plan, bundle, repo, model, env, results, variant=""):
     """(c): `inferd-bench engine` at each batch size; returns {batch: rows/s}."""
     name = f"engine-{model}" + (f"-{variant.split()[0]}" if variant else "")
@@ -481,6 +512,12 @@ def check(table, plan, bundle, results):
         add(f"arch-{name}", f"arch-{name}-cpu", "cpu", "fp32")
         for p in ("fp32", "fp16", "bf16"):
             add(f"arch-{name}", f"arch-{name}-gpu-{p}", plan.gpu, p)
+    # CLIP and SigLIP, tiny: pictures and texts, FP32, FP16 and BF16 on the GPU.
+    clips = [c for c in CLIPS if os.path.exists(os.path.join(models, f"clip-{c}", "model.safetensors"))]
+    for name in clips:
+        add(f"clip-{name}", f"clip-{name}-cpu", "cpu", "fp32")
+        for p in ("fp32", "fp16", "bf16"):
+            add(f"clip-{name}", f"clip-{name}-gpu-{p}", plan.gpu, p)
     ort = None if plan.rehearse else onnxruntime_gpu()
     if ort:
         add("digits", "digits-onnx-cpu", "cpu", "fp32")
@@ -511,6 +548,8 @@ def check(table, plan, bundle, results):
             check_task_outputs(table, server, task, "fp16")
         for name in architectures:
             check_architecture(table, server, name)
+        for name in clips:
+            check_clip(table, server, bundle, name)
         # Each load's growth of the process's GPU memory is that model's: the arena it grew under 64 clients.
         for model, protocol in [("digits-gpu-fp32", "predict")] + ([("minilm-gpu-fp16", "embed")] if minilm else []):
             before = None if plan.rehearse else process_gpu_mib(server.proc.pid)
@@ -526,7 +565,7 @@ def check(table, plan, bundle, results):
 
     rates = {}
     for name in served:
-        if not name.startswith(("digits-onnx", "splade", "ner", "arch-")):
+        if not name.startswith(("digits-onnx", "splade", "ner", "arch-", "clip-")):
             rates[name] = engine_bench(table, plan, bundle, repo, name, env, results)
     # inferd gives each cuBLAS handle 8 MiB of workspace where cuBLAS would give 64 (one handle per candle model
     # instance): the same engines with cuBLAS's own size, to check that the memory saved costs no speed.

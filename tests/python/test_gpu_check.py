@@ -31,6 +31,10 @@ def test_the_gpu_check_rehearses_every_step_it_can_on_the_cpu(tmp_path):
         (bundle / "models" / model).symlink_to(ROOT / "models" / model)
     for name in ARCHITECTURES:
         (bundle / "models" / f"arch-{name}").symlink_to(ROOT / "tests" / "data" / "architectures" / name)
+    for name in ("clip", "siglip"):
+        (bundle / "models" / f"clip-{name}").symlink_to(ROOT / "tests" / "data" / "clip" / name)
+    for photo in ("rocket.jpg", "camera.png"):
+        (bundle / "data" / photo).symlink_to(ROOT / "tests" / "data" / "photos" / photo)
     (bundle / "data" / "digits_heldout.json").symlink_to(ROOT / "tests" / "data" / "digits_heldout.json")
     (bundle / "MANIFEST").write_text("a rehearsal\n")
     results = tmp_path / "results"
@@ -54,6 +58,11 @@ def test_the_gpu_check_rehearses_every_step_it_can_on_the_cpu(tmp_path):
     for name in ARCHITECTURES:
         for precision, want in (("fp32", "cpu"), ("fp16", "gpu-fp32"), ("bf16", "gpu-fp32")):
             subject = f"arch-{name}-gpu-{precision} vs arch-{name}-{want}"
+            assert results_by_subject[("outputs", subject)] == "pass", table
+    # CLIP's and SigLIP's pictures and texts likewise.
+    for name in ("clip", "siglip"):
+        for precision, want in (("fp32", "cpu"), ("fp16", "gpu-fp32"), ("bf16", "gpu-fp32")):
+            subject = f"clip-{name}-gpu-{precision} vs clip-{name}-{want}"
             assert results_by_subject[("outputs", subject)] == "pass", table
     for model in ("digits-gpu-fp32", "minilm-gpu-fp16"):
         assert results_by_subject[("http c=4", model)] == "pass", table
