@@ -67,6 +67,11 @@ def test_pictures_embed_as_transformers_does(server, model):
         got = picture["outputs"]["embedding"]
         assert cosines(got, want) >= 0.9999, (model, name, cosines(got, want))
         assert abs(np.linalg.norm(got) - 1.0) < 1e-5, "unit length by default"
+    # A body of application/octet-stream is a picture too, for a model that takes them.
+    r = requests.post(f"http://{server}/models/{model}/predict", data=photo("rocket.jpg"),
+                      headers={"Content-Type": "application/octet-stream"})
+    assert r.status_code == 200, r.text
+    assert cosines(r.json()["predictions"][0]["outputs"]["embedding"], REFS[model]["photos"]["rocket.jpg"]) >= 0.9999
     # Several pictures in one form: each its own vector, in order.
     names = list(REFS[model]["photos"])
     files = [("file", (n, photo(n), TYPES[n.rsplit(".", 1)[1]])) for n in names]
@@ -118,6 +123,8 @@ def test_the_openai_client_embeds_pictures_and_texts(server, model):
         client.embeddings.create(model=model, input=["https://example.com/cat.png"], extra_body={"modality": "image"})
     with pytest.raises(openai.BadRequestError, match="takes no pictures"):
         client.embeddings.create(model="mpnet", input=inputs[:1], extra_body={"modality": "image"})
+    with pytest.raises(openai.BadRequestError, match="base64|not a picture"):
+        client.embeddings.create(model=model, input=["a photo of a cat"], extra_body={"modality": "image"})
     with pytest.raises(openai.BadRequestError, match="modality"):
         client.embeddings.create(model=model, input=texts, extra_body={"modality": "audio"})
 
@@ -144,6 +151,12 @@ def test_huggingface_hub_classifies_pictures_zero_shot(server, model):
             extra = {} if template == "This is a photo of {}." else {"hypothesis_template": template}
             got = client.zero_shot_image_classification(photo(name), candidate_labels=labels, **extra)
             ranked_alike([{"label": g.label, "score": g.score} for g in got], want)
+    # The Inference API's older form: the labels joined by commas.
+    picture = base64.b64encode(photo("rocket.jpg")).decode()
+    status, got = post(f"http://{server}/models/{model}", {"inputs": picture, "parameters": {
+        "candidate_labels": ", ".join(labels), "hypothesis_template": "a {}"}})
+    assert status == 200, got
+    ranked_alike(got, REFS[model]["zero_shot"]["a {}"]["rocket.jpg"])
     # The default model answers at the root.
     if model == "clip":
         got = InferenceClient(model=f"http://{server}").zero_shot_image_classification(

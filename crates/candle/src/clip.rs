@@ -373,9 +373,10 @@ impl Clip {
                 false => candle_nn::linear_no_bias(t.hidden, c.dims, root.pp("text_projection"))?,
             },
         };
-        // The logit scale and bias are scalars, `[]` or `[1]` as checkpoints store them.
+        // The logit scale and bias are scalars, `[]` or `[1]` as checkpoints store them, read in F32 whatever the
+        // model runs in (BF16 would make CLIP's exp(4.6052) = 100 into 98.9).
         let scalar = |name: &str| -> candle_core::Result<f32> {
-            let value = root.get_unchecked(name)?.to_dtype(DType::F32)?.flatten_all()?;
+            let value = root.get_unchecked_dtype(name, DType::F32)?.flatten_all()?;
             value.get(0)?.to_scalar::<f32>()
         };
         Ok(Clip {

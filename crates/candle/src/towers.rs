@@ -51,7 +51,11 @@ pub(crate) fn load(
     if !tokenizer.is_file() {
         return Err(Error::config(
             toml,
-            format!("tokenizer: {} does not exist; CLIP's texts need its tokenizer.json", tokenizer.display()),
+            format!(
+                "tokenizer: {} does not exist; the text tower needs the folder's tokenizer.json (a folder with only \
+                 SentencePiece's spiece.model: save transformers' AutoTokenizer of it with save_pretrained)",
+                tokenizer.display()
+            ),
         ));
     }
     let weights = |e: candle_core::Error| Error::config(&config.file, format!("cannot load the weights: {e}"));
@@ -122,6 +126,9 @@ pub(crate) fn embed_texts(model: &Clip, inputs: &[Tensor], device: &Device) -> R
     let batch = match (c.family, c.pad_id) {
         (Family::Siglip, Some(pad)) => {
             let width = c.max_tokens;
+            if seq > width {
+                return Err(Error::InvalidInput(format!("texts of {seq} tokens; SigLIP's take at most {width}")));
+            }
             let mut laid = vec![pad; rows * width];
             for (r, row) in laid.chunks_exact_mut(width).enumerate() {
                 let real = (0..seq).filter(|&t| mask[r * seq + t] != 0).map(|t| ids[r * seq + t]);

@@ -149,7 +149,7 @@ pub fn load(
             warmed = false;
         }
         if let Some(mut texts) = engine.text_tower() {
-            if !warm_up(texts.as_mut(), config, &batching, instance)? {
+            if !warm_up(texts.as_mut(), config, &batching, instance).context("its text tower")? {
                 warmed = false;
             }
             text_engines.push(texts);

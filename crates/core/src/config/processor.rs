@@ -19,6 +19,10 @@ impl ImageConfig {
     /// - `resample` as Pillow numbers its filters; `do_rescale` with `rescale_factor`; `do_normalize` with
     ///   `image_mean` and `image_std`; pictures converted to RGB.
     ///
+    /// Where a key is left out, or a size is one number, it means what the processor's own class takes it to mean
+    /// (`image_processor_type`): CLIP's reads a number as the shortest edge, crops the centre and resamples bicubic
+    /// unless told otherwise; the others (SigLIP's, ViT's) read it as a square, crop nothing and resample bilinear.
+    ///
     /// What the pipeline cannot do as the processor does (a shortest edge without a crop, padding, a filter it lacks)
     /// is refused, naming the field.
     pub fn from_processor(path: &Path, input: &str) -> Result<ImageConfig> {
@@ -29,6 +33,11 @@ impl ImageConfig {
 }
 
 fn read(json: &Value, input: &str) -> std::result::Result<ImageConfig, String> {
+    let class = ["image_processor_type", "feature_extractor_type"]
+        .iter()
+        .find_map(|key| json.get(*key).and_then(Value::as_str))
+        .unwrap_or_default();
+    let clip = class.contains("CLIP");
     let flag = |name: &str, default: bool| match json.get(name) {
         None | Some(Value::Null) => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
@@ -41,32 +50,42 @@ fn read(json: &Value, input: &str) -> std::result::Result<ImageConfig, String> {
             .filter(|&v| v > 0)
             .ok_or_else(|| format!("{name}: {value} is not a positive whole number of pixels"))
     };
-    // A size is `{height, width}`, `{shortest_edge}`, or one number (a square), as processors have saved it.
-    let size_of = |name: &str| -> std::result::Result<Option<Size>, String> {
+    // A size is `{height, width}`, `{shortest_edge}`, or one number: the shortest edge where `edge` (CLIP's
+    // `size`), else a square, as transformers reads them.
+    let size_of = |name: &str, edge: bool| -> std::result::Result<Option<Size>, String> {
         match json.get(name) {
             None | Some(Value::Null) => Ok(None),
             Some(number @ Value::Number(_)) => {
                 let s = side(number, name)?;
-                Ok(Some(Size::Exact(s, s)))
+                Ok(Some(if edge { Size::Shortest(s) } else { Size::Exact(s, s) }))
             }
-            Some(Value::Object(map)) => match (map.get("height"), map.get("width"), map.get("shortest_edge")) {
-                (Some(h), Some(w), _) => {
-                    Ok(Some(Size::Exact(side(w, &format!("{name}.width"))?, side(h, &format!("{name}.height"))?)))
+            Some(Value::Object(map)) => {
+                if map.contains_key("longest_edge") {
+                    return Err(format!("{name}.longest_edge: a bound on the longer side is not supported"));
                 }
-                (None, None, Some(edge)) => Ok(Some(Size::Shortest(side(edge, &format!("{name}.shortest_edge"))?))),
-                _ => {
-                    Err(format!("{name}: {} is not {{height, width}} or {{shortest_edge}}", Value::Object(map.clone())))
+                match (map.get("height"), map.get("width"), map.get("shortest_edge")) {
+                    (Some(h), Some(w), _) => {
+                        Ok(Some(Size::Exact(side(w, &format!("{name}.width"))?, side(h, &format!("{name}.height"))?)))
+                    }
+                    (None, None, Some(edge)) => Ok(Some(Size::Shortest(side(edge, &format!("{name}.shortest_edge"))?))),
+                    _ => Err(format!(
+                        "{name}: {} is not {{height, width}} or {{shortest_edge}}",
+                        Value::Object(map.clone())
+                    )),
                 }
-            },
+            }
             Some(other) => Err(format!("{name}: {other} is not a size")),
         }
     };
     if !flag("do_resize", true)? {
         return Err("do_resize: false: pictures of every size would reach the model; inferd resizes them".into());
     }
-    let size = size_of("size")?.ok_or("size: missing")?;
-    let crop = match flag("do_center_crop", false)? {
-        true => Some(size_of("crop_size")?.ok_or("crop_size: missing, while do_center_crop is true")?),
+    let size = size_of("size", clip)?.ok_or("size: missing")?;
+    let crop = match flag("do_center_crop", clip)? {
+        true => match size_of("crop_size", false)?.ok_or("crop_size: missing, while do_center_crop is true")? {
+            Size::Shortest(_) => return Err("crop_size: a crop is {height, width} or one number".into()),
+            exact => Some(exact),
+        },
         false => None,
     };
     let (resize, (width, height), shorter_side) = match (size, crop) {
@@ -84,13 +103,17 @@ fn read(json: &Value, input: &str) -> std::result::Result<ImageConfig, String> {
         return Err(format!("size.shortest_edge: shorter than the {width} × {height} crop"));
     }
     // Pillow's numbering, which transformers keeps.
-    let filter = match json.get("resample").and_then(Value::as_u64) {
-        None => Filter::Bicubic,
-        Some(0) => Filter::Nearest,
-        Some(1) => Filter::Lanczos3,
-        Some(2) => Filter::Bilinear,
-        Some(3) => Filter::Bicubic,
-        Some(other) => return Err(format!("resample: Pillow's filter {other} (box or hamming) is not supported")),
+    let filter = match json.get("resample") {
+        None | Some(Value::Null) if clip => Filter::Bicubic,
+        None | Some(Value::Null) => Filter::Bilinear,
+        Some(value) => match value.as_u64() {
+            Some(0) => Filter::Nearest,
+            Some(1) => Filter::Lanczos3,
+            Some(2) => Filter::Bilinear,
+            Some(3) => Filter::Bicubic,
+            Some(4 | 5) => return Err(format!("resample: Pillow's filter {value} (box or hamming) is not supported")),
+            _ => return Err(format!("resample: {value} is not one of Pillow's filters (0 to 3)")),
+        },
     };
     let numbers = |name: &str| -> std::result::Result<Vec<f32>, String> {
         match json.get(name) {
@@ -162,9 +185,17 @@ mod tests {
         assert_eq!((config.shorter_side, config.rounding, config.filter), (Some(224), Rounding::Down, Filter::Bicubic));
         assert_eq!(config.mean.len(), 3);
         assert!((config.scale - 1.0 / 255.0).abs() < 1e-9);
-        // SigLIP's: stretched, a crop of 224 (an old processor's form: sizes as numbers) the same size.
-        let siglip = serde_json::json!({"size": {"height": 384, "width": 384}, "resample": 2, "image_mean": [0.5],
-                                        "image_std": [0.5], "do_center_crop": true, "crop_size": 384});
+        // openai/clip-vit-base-patch32's older form: sizes as numbers, the size a shortest edge, crop and filter
+        // by the class's defaults.
+        let old = serde_json::json!({"feature_extractor_type": "CLIPFeatureExtractor", "size": 224, "crop_size": 224,
+                                     "image_mean": [0.5], "image_std": [0.5]});
+        let config = read(&old, "pixel_values").expect("CLIP's older processor");
+        assert_eq!((config.resize, config.shorter_side, config.width), (Resize::Crop, Some(224), Some(224)));
+        assert_eq!(config.filter, Filter::Bicubic);
+        // SigLIP's: stretched (a number is a square; a crop of that size changes nothing), bilinear by default.
+        let siglip = serde_json::json!({"image_processor_type": "SiglipImageProcessor", "size": 384,
+                                        "image_mean": [0.5], "image_std": [0.5], "do_center_crop": true,
+                                        "crop_size": 384});
         let config = read(&siglip, "pixel_values").expect("SigLIP's processor");
         assert_eq!((config.resize, config.width, config.filter), (Resize::Stretch, Some(384), Filter::Bilinear));
         assert_eq!((config.mean.clone(), config.std.clone()), (vec![0.5], vec![0.5]));
@@ -175,6 +206,8 @@ mod tests {
         };
         refused(serde_json::json!({"size": {"shortest_edge": 224}}), "size.shortest_edge");
         refused(serde_json::json!({"size": {"height": 224, "width": 224}, "resample": 4}), "resample");
+        refused(serde_json::json!({"size": {"height": 224, "width": 224}, "resample": "bicubic"}), "resample");
+        refused(serde_json::json!({"size": {"shortest_edge": 224, "longest_edge": 1333}}), "size.longest_edge");
         refused(serde_json::json!({"size": {"height": 0, "width": 224}}), "size.height");
         refused(serde_json::json!({"size": 224, "do_resize": false}), "do_resize");
         refused(serde_json::json!({"size": 224, "image_mean": [0.5, 0.5], "image_std": [0.5]}), "image.mean");

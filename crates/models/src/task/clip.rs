@@ -70,6 +70,10 @@ impl Task for ClipTask {
         REGISTRATION.service
     }
 
+    fn takes_pictures(&self) -> bool {
+        true
+    }
+
     fn prepare_is_heavy(&self) -> bool {
         true
     }

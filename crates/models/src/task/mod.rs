@@ -384,6 +384,11 @@ pub trait Task: Send + Sync + std::fmt::Debug {
     /// What it serves: what the protocols ask of it.
     fn service(&self) -> Service;
 
+    /// Whether it takes pictures ([`Input::Images`]): a vision model's, or a model of two towers' beside its texts.
+    fn takes_pictures(&self) -> bool {
+        self.service() == Service::Images
+    }
+
     /// Whether [`Task::prepare`] is CPU work that must leave an async runtime's threads (tokenizing).
     fn prepare_is_heavy(&self) -> bool {
         false

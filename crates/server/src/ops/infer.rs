@@ -128,14 +128,15 @@ pub async fn infer(
     // Preparing may have run on the blocking pool: the request's span is this task's.
     request.span = tracing::Span::current();
     let per_token = request.pieces == Pieces::Apart;
-    let out = model.batcher_for(prepared.tower).infer(request).await?;
+    let tower = prepared.tower;
+    let out = model.batcher_for(tower).infer(request).await?;
     let finish = prepared.finish;
     let engine = model.clone();
     let answer = off_runtime_answering(encodes_large(&out.outputs), move || {
         // The engine's own outputs are checked, before the task's step makes an answer of them; per-token states
         // after it, once cut to the tokens the client sees (padded positions may hold anything).
         if !allow_non_finite && !per_token {
-            let specs = &engine.engine_metadata().outputs;
+            let specs = &engine.batcher_for(tower).metadata().outputs;
             refuse_non_finite(&out.outputs, specs, "output").map_err(TaskError::Internal)?;
         }
         let answer = finish(out.outputs)?;

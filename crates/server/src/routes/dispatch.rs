@@ -130,7 +130,7 @@ async fn serve(
         let deadline = predict::queue_deadline(&headers)?;
         let model = model?.serving(state.registry())?;
         let service = model.service();
-        let carrier = images::carrier(&headers, service == Service::Images)?;
+        let carrier = images::carrier(&headers, model.task.takes_pictures())?;
         Ok::<_, AppError>(match service {
             Service::Classify => tei::score::predict(&state, &model, &hold, body).await.into_response(),
             // Pictures sent to a model that takes none: its task says so.

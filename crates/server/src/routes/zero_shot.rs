@@ -34,10 +34,29 @@ struct ZeroShotRequest {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Parameters {
-    candidate_labels: Vec<String>,
+    candidate_labels: Labels,
     /// Each label's sentence: `{}` is replaced by the label.
     #[serde(default)]
     hypothesis_template: Option<String>,
+}
+
+/// The labels: a list, or one text of labels joined by commas (the Inference API's older form).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Labels {
+    List(Vec<String>),
+    Joined(String),
+}
+
+impl Labels {
+    fn into_list(self) -> Vec<String> {
+        match self {
+            Labels::List(labels) => labels,
+            Labels::Joined(text) => {
+                text.split(',').map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned).collect()
+            }
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -46,13 +65,13 @@ struct LabelScore {
     score: f64,
 }
 
-/// Whether a `POST /` body to `model` asks for zero-shot classification: the model scores pictures against texts
-/// and the body names candidate labels.
+/// Whether a `POST /` body to `model` asks for zero-shot classification: the model scores pictures against texts,
+/// and the body has the keys `parameters` and `candidate_labels` (which TEI's embed requests never have). Read
+/// without parsing: the body is mostly a picture's base64, parsed once, off the runtime.
 pub(crate) fn asked(model: &LoadedModel, body: &[u8]) -> bool {
-    similarity(model).is_some() && body.windows(CANDIDATES.len()).any(|w| w == CANDIDATES)
+    let has = |key: &[u8]| memchr::memmem::find(body, key).is_some();
+    similarity(model).is_some() && has(b"\"parameters\"") && has(b"\"candidate_labels\"")
 }
-
-const CANDIDATES: &[u8] = b"\"candidate_labels\"";
 
 /// How `model` scores a picture against a text, where it can.
 fn similarity(model: &LoadedModel) -> Option<Similarity> {
@@ -81,7 +100,7 @@ pub(crate) async fn classify(
         Ok::<_, AppError>((request.parameters, Bytes::from(picture)))
     };
     let (parameters, picture) = off_runtime_if(large, parse).await??;
-    let labels = parameters.candidate_labels;
+    let labels = parameters.candidate_labels.into_list();
     if labels.is_empty() {
         return Err(AppError::bad_request("parameters.candidate_labels: give at least one label"));
     }
