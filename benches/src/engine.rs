@@ -38,6 +38,8 @@ pub fn run(run: &EngineRun<'_>) -> anyhow::Result<Vec<EngineReport>> {
         gpu_memory: None,
     };
     let mut engine = build_engine(&config, &settings)?;
+    // A model of two towers (CLIP): its task needs the text tower's metadata; its pictures run on `engine`.
+    let text_tower = engine.text_tower();
     let mut reports = Vec::new();
     let mut prepare_ms = None;
     let sequences = match engine.metadata().text {
@@ -52,7 +54,8 @@ pub fn run(run: &EngineRun<'_>) -> anyhow::Result<Vec<EngineReport>> {
             }
             None => match run.picture {
                 Some(path) => {
-                    let (inputs, ms) = picture_batch(&config, engine.metadata(), path, batch)?;
+                    let texts = text_tower.as_ref().map(|e| e.metadata());
+                    let (inputs, ms) = picture_batch(&config, engine.metadata(), texts, path, batch)?;
                     prepare_ms = Some(ms);
                     (vec![inputs], None)
                 }
@@ -97,11 +100,12 @@ pub fn run(run: &EngineRun<'_>) -> anyhow::Result<Vec<EngineReport>> {
 fn picture_batch(
     config: &ModelConfig,
     metadata: &ModelMetadata,
+    texts: Option<&ModelMetadata>,
     path: &Path,
     batch: usize,
 ) -> anyhow::Result<(Vec<Tensor>, f64)> {
     const RUNS: u32 = 20;
-    let task = inferd_models::task::for_model(config, metadata, None)?;
+    let task = inferd_models::task::for_model(config, metadata, texts)?;
     let file: bytes::Bytes = std::fs::read(path).with_context(|| format!("{}", path.display()))?.into();
     let prepare = || {
         let request = Request::new(Input::Images(vec![file.clone()]));
