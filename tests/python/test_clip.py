@@ -20,17 +20,12 @@ from huggingface_hub import InferenceClient
 
 from conftest import ROOT, launch_inferd, post
 from test_architectures import cosines
-from test_images import BAD, rss_kib
+from test_images import BAD, photo, rss_kib
 
 FIXTURES = ROOT / "tests" / "data" / "clip"
-PHOTOS = ROOT / "tests" / "data" / "photos"
 REFS = json.loads((FIXTURES / "photos.json").read_text())
 MODELS = ["clip", "siglip"]
 TYPES = {"png": "image/png", "jpg": "image/jpeg"}
-
-
-def photo(name):
-    return (PHOTOS / name).read_bytes()
 
 
 def data_url(name):

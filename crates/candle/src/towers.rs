@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
-use inferd_core::text::{contract_output, Contract, Similarity, TextInfo, ATTENTION_MASK, INPUT_IDS};
+use inferd_core::text::{contract_output, Contract, Similarity, TextInfo, TextSettings, ATTENTION_MASK, INPUT_IDS};
 use inferd_core::{DataType, Error, ModelConfig, ModelMetadata, Pooling, Result, Tensor, TensorSpec};
 
 use crate::batch::Batch;
@@ -25,37 +25,25 @@ pub(crate) struct Towers {
 }
 
 /// Reads the folder's `config.json` and weights: the model, the pictures' inputs and outputs, and its texts'
-/// settings (`model.toml`'s `tokenizer`, `max_seq_len` and `normalize` where it gives them; else the folder's
-/// `tokenizer.json`, the text tower's positions, and unit vectors, the space's cosine being what it was trained
-/// on).
+/// settings, resolved as every text model's are (`model.toml`'s keys, then the folder's files: its tokenizer.json,
+/// the text tower's positions), pooled as each tower was trained and, unless `model.toml` says, unit vectors, the
+/// space's cosine being what it was trained on.
 pub(crate) fn load(
     config: &ModelConfig,
     dtype: DType,
     device: &Device,
 ) -> Result<(Towers, Vec<TensorSpec>, Vec<TensorSpec>)> {
-    let path = config.dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::config(&path, format!("cannot read: {e}")))?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| Error::config(&path, format!("not JSON: {e}")))?;
+    let (path, json) = crate::transformer::read_config_json(&config.dir)?;
     let clip_config = Config::read(&json).map_err(|m| Error::config(&path, m))?;
-    let toml = config.config_file.as_path();
-    let overrides = &config.text;
-    let max_seq_len = overrides.max_seq_len.unwrap_or(clip_config.max_tokens);
-    if max_seq_len > clip_config.max_tokens {
+    let max_tokens = clip_config.max_tokens;
+    // A saved config leaves out the positions it has by default: the model's own are the limit then.
+    let mut with_positions = config.clone();
+    with_positions.text.max_seq_len.get_or_insert(max_tokens);
+    let settings = TextSettings::resolve(&with_positions, &[Contract::Pooled])?;
+    if settings.max_seq_len > max_tokens {
         return Err(Error::config(
-            toml,
-            format!("max_seq_len: {max_seq_len} is more than the text tower's {} positions", clip_config.max_tokens),
-        ));
-    }
-    let tokenizer = overrides.tokenizer.clone().unwrap_or_else(|| config.dir.join("tokenizer.json"));
-    if !tokenizer.is_file() {
-        return Err(Error::config(
-            toml,
-            format!(
-                "tokenizer: {} does not exist; the text tower needs the folder's tokenizer.json (a folder with only \
-                 SentencePiece's spiece.model: save transformers' AutoTokenizer of it with save_pretrained)",
-                tokenizer.display()
-            ),
+            &config.config_file,
+            format!("max_seq_len: {} is more than the text tower's {max_tokens} positions", settings.max_seq_len),
         ));
     }
     let weights = |e: candle_core::Error| Error::config(&config.file, format!("cannot load the weights: {e}"));
@@ -71,21 +59,12 @@ pub(crate) fn load(
     let pixels = vec![-1, channels, side, side];
     let inputs = vec![TensorSpec { name: PIXEL_VALUES.into(), datatype: DataType::Fp32, shape: pixels }];
     let outputs = vec![TensorSpec { name: IMAGE_EMBEDS.into(), datatype: DataType::Fp32, shape: vec![-1, dims] }];
-    let texts = TextInfo {
-        tokenizer,
-        max_seq_len,
-        // Each tower pools as it was trained (CLIP: the end token; SigLIP: the last position).
-        pooling: Pooling::LastToken,
-        normalize: overrides.normalize.unwrap_or(true),
-        dimensions: c.dims,
-        vocab_size: Some(c.vocab),
-        labels: Vec::new(),
-        multi_label: false,
-        contracts: vec![Contract::Pooled],
-        prompts: Default::default(),
-        default_prompt: None,
-        similarity: Some(Similarity { scale: model.scale, bias: model.bias }),
-    };
+    let mut texts = settings.info(config, vec![Contract::Pooled], c.dims, None)?;
+    // Each tower pools as it was trained (CLIP: the end token; SigLIP: the last position).
+    texts.pooling = Pooling::LastToken;
+    texts.normalize = config.text.normalize.unwrap_or(true);
+    texts.vocab_size = Some(c.vocab);
+    texts.similarity = Some(Similarity { scale: model.scale, bias: model.bias });
     Ok((Towers { model: Arc::new(model), texts }, inputs, outputs))
 }
 

@@ -174,15 +174,20 @@ enum Parsed {
     Qwen3(qwen3::Config),
 }
 
+/// `dir/config.json`, the hub's model configuration, as JSON, and its path for errors.
+pub(crate) fn read_config_json(dir: &Path) -> Result<(std::path::PathBuf, serde_json::Value)> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::config(&path, format!("a text model needs the hub's config.json: {e}")))?;
+    let json = serde_json::from_str(&text).map_err(|e| Error::config(&path, format!("not JSON: {e}")))?;
+    Ok((path, json))
+}
+
 impl Plan {
     /// Reads `dir/config.json`; an architecture inferd does not have, or a contradictory configuration, is an
     /// error naming the field.
     pub(crate) fn read(dir: &Path) -> Result<Plan> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| Error::config(&path, format!("a text model needs the hub's config.json: {e}")))?;
-        let json: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| Error::config(&path, format!("not JSON: {e}")))?;
+        let (path, json) = read_config_json(dir)?;
         let model_type = json.get("model_type").and_then(|t| t.as_str()).unwrap_or("");
         let Some(&(_, kind)) = KINDS.iter().find(|(name, _)| *name == model_type) else {
             let architectures = json.get("architectures").map(|a| a.to_string()).unwrap_or_else(|| "none".into());

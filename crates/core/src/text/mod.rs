@@ -147,12 +147,17 @@ struct HubConfig {
     /// A classification head's label names by index (`{"0": "negative", …}`).
     id2label: Option<BTreeMap<String, String>>,
     problem_type: Option<String>,
+    /// A model of two towers' (CLIP's, SigLIP's) text tower, where its positions and vocabulary are.
+    text_config: Option<Box<HubConfig>>,
 }
 
 impl HubConfig {
     /// The positions a text may take: RoBERTa's family and MPNet number positions from `pad_token_id + 1`, so they
     /// take that many fewer than their table holds.
     fn positions(&self) -> Option<usize> {
+        if let Some(text) = &self.text_config {
+            return text.positions();
+        }
         let table = self.max_position_embeddings.or(self.n_positions)?;
         match self.model_type.as_deref() {
             Some(kind) if is_roberta(kind) || kind == "mpnet" => {
@@ -301,7 +306,7 @@ impl TextSettings {
             max_seq_len,
             pooling,
             normalize,
-            vocab_size: hub.and_then(|h| h.vocab_size),
+            vocab_size: hub.and_then(|h| h.text_config.as_ref().map_or(h.vocab_size, |t| t.vocab_size)),
             labels: labels.filter(|_| headed),
             multi_label: multi_label && headed,
             prompts,

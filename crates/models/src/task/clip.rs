@@ -33,15 +33,11 @@ pub(super) fn two_towers(config: &ModelConfig) -> bool {
 pub struct ClipTask {
     pictures: ImageTask,
     texts: EmbedTask,
-    /// The vectors' length, and whether they are normalised unless a request says.
-    dimensions: usize,
-    normalize: bool,
 }
 
 impl ClipTask {
     /// The task of a model whose engines report `pictures` and whose text towers report `texts`. Blocking.
     pub fn load(config: &ModelConfig, pictures: &ModelMetadata, texts: &ModelMetadata) -> anyhow::Result<ClipTask> {
-        let info = texts.text.as_ref().context("its text tower takes no text: this is a bug")?;
         let mut config = config.clone();
         if config.image.is_none() {
             let input = pictures.inputs.first().context("its engine takes no picture: this is a bug")?;
@@ -51,12 +47,7 @@ impl ClipTask {
             })?;
             config.image = Some(image);
         }
-        Ok(ClipTask {
-            pictures: ImageTask::load(&config, pictures)?,
-            texts: EmbedTask::load(texts)?,
-            dimensions: info.dimensions,
-            normalize: info.normalize,
-        })
+        Ok(ClipTask { pictures: ImageTask::load(&config, pictures)?, texts: EmbedTask::load(texts)? })
     }
 }
 
@@ -84,9 +75,11 @@ impl Task for ClipTask {
             prepared.tower = Tower::Text;
             return Ok(prepared);
         }
-        let full = self.dimensions;
+        // The text tower's settings say the vectors' length, and whether they are normalised unless a request says.
+        let info = self.texts.info();
+        let full = info.dimensions;
         let dimensions = dimensions(&request.options, full)?;
-        let normalize = request.options.get::<Normalize>().map_or(self.normalize, |n| n.0);
+        let normalize = request.options.get::<Normalize>().map_or(info.normalize, |n| n.0);
         let mut prepared = self.pictures.prepare(request, max_rows)?;
         // The picture task reads its answer from the vectors as they will be answered.
         let finish = prepared.finish;

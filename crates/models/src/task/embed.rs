@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use inferd_batcher::InferRequest;
-use inferd_core::text::Contract;
+use inferd_core::text::{Contract, TextInfo};
 use inferd_core::{DataType, ModelConfig, ModelMetadata, Tensor, TensorSpec};
 
 use super::text::{single_texts, text_face, TextFront};
@@ -62,6 +62,11 @@ impl EmbedTask {
         };
         let public = text_face(engine, vec![embedding]);
         Ok(EmbedTask { front, public })
+    }
+
+    /// The text model's settings, as its engine reports them.
+    pub(super) fn info(&self) -> &TextInfo {
+        self.front.info()
     }
 
     /// A request for each token's vector: every sequence's final states, cut back from its batch's padded length
