@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# scripts/image-check.sh [--cuda | --stand-ins]: builds the shipped images from the unchanged docker/Dockerfile.cpu
-# (and, with --cuda, docker/Dockerfile.cuda) with buildah, then runs what was built (--stand-ins: step 1 alone, for the
-# CPU image, which the test command runs in the background while cargo compiles). Needs root (buildah builds as root here,
-# with no Docker engine and no container registry), and installs buildah and debootstrap from Debian if missing.
+# scripts/image-check.sh [--cuda | --stand-ins | --build]: builds the shipped images from the unchanged
+# docker/Dockerfile.cpu (and, with --cuda, docker/Dockerfile.cuda) with buildah, then runs what was built (for the CPU
+# image: --stand-ins, step 1 alone, which the test command runs in the background while cargo compiles; --build, steps
+# 1 and 2, which it runs in the background beside the tests, so that the run after finds the image built). Needs root
+# (buildah builds as root here, with no Docker engine and no container registry), and installs buildah and debootstrap
+# from Debian if missing.
 #
 #  1. Stand-ins for the base images the Dockerfiles name, tagged with those names (no registry is reachable): each a
 #     Debian bookworm made by debootstrap, carrying what its Dockerfile stage relies on (scripts/image_standins.sh
@@ -23,11 +25,13 @@ cd "$(dirname "$0")/.."
 
 FLAVOUR=cpu
 STAND_INS_ONLY=0
+BUILD_ONLY=0
 case "${1:-}" in
     --cuda) FLAVOUR=cuda ;;
     --stand-ins) STAND_INS_ONLY=1 ;;
+    --build) BUILD_ONLY=1 ;;
     "") ;;
-    *) echo "usage: scripts/image-check.sh [--cuda | --stand-ins]" >&2; exit 2 ;;
+    *) echo "usage: scripts/image-check.sh [--cuda | --stand-ins | --build]" >&2; exit 2 ;;
 esac
 if [ "$(id -u)" != 0 ]; then
     echo "image-check: buildah builds as root on this machine (vfs or overlay storage, chroot isolation)" >&2
@@ -86,6 +90,7 @@ for broken in 'COPY scripts/fetch-models.sh |COPY scripts/fetch-model.sh |fetch-
     fi
     echo "image-check: a broken COPY path fails the build, as it should: $reason" >&2
 done
+[ "$BUILD_ONLY" = 0 ] || exit 0
 
 # 3. Run it, as its config says, and check it from outside (scripts/image_check.py, in the tests' Python).
 ./scripts/venv.sh .venv tests/python/requirements.txt

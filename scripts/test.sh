@@ -9,8 +9,11 @@
 #     outside (scripts/image-check.sh, as root; INFERD_SKIP_IMAGE_CHECK=1 skips it for a quick local run);
 #  4. the GPU bundle: the CUDA release build of inferd, inferd-bench and the GPU tests, linked without a GPU and
 #     packed for scripts/gpu-check.sh (scripts/gpu-bundle.sh; the first run downloads ~100 MB of NVIDIA's compiler
-#     wheels and builds for ~17 minutes, candle's kernels included). INFERD_SKIP_GPU_BUNDLE=1 skips it for a quick
+#     wheels and builds for ~8 minutes, candle's kernels included). INFERD_SKIP_GPU_BUNDLE=1 skips it for a quick
 #     local run; CI never sets it.
+# The release builds of 3 and 4 run in the background from the moment the tests' build is done, at the lowest CPU
+# priority, so that they take only what the tests leave idle (the Python tests leave most of a core); 3's check of the
+# built image runs after the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each step's wall time, printed as it ends and together at the end (and on a failure): where a fresh clone's time
@@ -29,6 +32,7 @@ report() {
     local status=$?
     # A fetch still running in the background (a step failed before it was needed) stops with the test command.
     [ -z "${fetching:-}" ] || kill -- "-$fetching" 2>/dev/null || true
+    [ -z "${building:-}" ] || kill -- "-$building" 2>/dev/null || true
     echo "test: steps (exit $status, $((SECONDS - started)) s in all):" >&2
     printf '  %s\n' "${timings[@]}" >&2
 }
@@ -54,6 +58,47 @@ fetched() { # waits for the background fetch, once
     wait "$fetching" || echo "test: the background fetch failed (.cache/fetch.log); each step tries again" >&2
     fetching=
 }
+step "tests' build" cargo test --locked --workspace --all-targets --no-run "$@"
+
+# The release builds: the CPU image's (scripts/image-check.sh --build), then the GPU bundle's, which reuses what the
+# image's compiled. In the background from here on, in their own process group, niced, and in a scheduler autogroup of
+# their own at nice 19 too (where the kernel groups sessions, as here, nice alone orders a session's own processes
+# only): on two cores they take what the tests leave idle and yield the rest. Their output is in .cache/builds.log.
+release_builds() {
+    set -euo pipefail
+    local from=$SECONDS
+    if [ "${INFERD_SKIP_IMAGE_CHECK:-0}" != 1 ]; then
+        ./scripts/image-check.sh --build
+        echo "builds: the CPU image built in $((SECONDS - from)) s" >&2
+    fi
+    if [ "${INFERD_SKIP_GPU_BUNDLE:-0}" != 1 ]; then
+        from=$SECONDS
+        ./scripts/gpu-bundle.sh
+        echo "builds: the GPU bundle built in $((SECONDS - from)) s" >&2
+    fi
+}
+export -f release_builds
+fetched
+building=
+if [ "${INFERD_SKIP_IMAGE_CHECK:-0}" != 1 ] || [ "${INFERD_SKIP_GPU_BUNDLE:-0}" != 1 ]; then
+    setsid -w bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 19 bash -c release_builds' \
+        >.cache/builds.log 2>&1 </dev/null &
+    building=$!
+fi
+# waits for the background builds, once; their log's tail on a failure
+built() {
+    [ -n "$building" ] || return 0
+    local status=0
+    wait "$building" || status=$?
+    building=
+    grep '^builds: ' .cache/builds.log >&2 || true
+    if [ "$status" != 0 ]; then
+        tail -n 40 .cache/builds.log >&2
+        echo "test: the release builds failed (.cache/builds.log)" >&2
+    fi
+    return "$status"
+}
+
 step "cargo test" cargo test --locked --workspace --all-targets "$@"
 # Each cargo fuzz target for a few seconds, from its seeds and the corpus grown so far: long runs are
 # scripts/fuzz.sh's, by hand.
@@ -63,23 +108,23 @@ step "fuzz" ./scripts/fuzz.sh --dev "${INFERD_FUZZ_SECONDS:-10}"
 # anew and compiled 84 crates again (3.7 minutes on a fresh clone).
 step "cargo build" cargo build --locked --workspace --all-targets
 
-fetched
 step "python venv" ./scripts/venv.sh .venv tests/python/requirements.txt
 step "test models" ./scripts/fetch-test-models.sh
 # Triton's perf_analyzer, which tests/python/test_perf_analyzer.py drives against inferd's gRPC endpoint.
 step "perf_analyzer" ./scripts/fetch-perf-analyzer.sh
 INFERD_BIN=target/debug/inferd step "python tests" .venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
-# The CPU image, built from docker/Dockerfile.cpu with buildah on stand-in base images and run
-# (scripts/image-check.sh; about 15 minutes the first time, a few after).
+# The rest of the release builds, now with the cores to themselves.
+step "release builds (the rest)" built
+# The CPU image, built from docker/Dockerfile.cpu with buildah on stand-in base images (above: this build finds it in
+# its layer cache), run and checked (scripts/image-check.sh).
 if [ "${INFERD_SKIP_IMAGE_CHECK:-0}" = 1 ]; then
     echo "test: INFERD_SKIP_IMAGE_CHECK=1: the CPU image is not built" >&2
 else
     step "cpu image" ./scripts/image-check.sh
 fi
-
 if [ "${INFERD_SKIP_GPU_BUNDLE:-0}" = 1 ]; then
     echo "test: INFERD_SKIP_GPU_BUNDLE=1: the GPU bundle is not built" >&2
 else
-    step "gpu bundle" ./scripts/gpu-bundle.sh
+    echo "test: the GPU bundle: $(grep -v '^builds: ' .cache/builds.log | tail -n 1)" >&2
 fi
