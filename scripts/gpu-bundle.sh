@@ -49,8 +49,8 @@ FEATURES=inferd-server/cuda,inferd-benches/cuda,inferd-candle/cuda
 # builder (the stand-in for rust:<version>-slim-bookworm, with make as the Dockerfile's builder stage has it, and g++
 # for nvcc), on the image build's own target folder and at its paths (/src, and the registry at
 # /usr/local/cargo/registry): the dependencies the CPU image compiled without CUDA are used again, and only what CUDA
-# or the benchmarks change compiles here (some 80 crates and candle's kernels: 502 s on a fresh clone here after the
-# image's build, where it was 18 minutes with the quantised kernels). Elsewhere (INFERD_GPU_BUNDLE_ON_HOST=1, or no
+# or the benchmarks change compiles here (some 80 crates and candle's kernels: 444 to 502 s on a fresh clone here
+# after the image's build, where it was 18 minutes with the quantised kernels). Elsewhere (INFERD_GPU_BUNDLE_ON_HOST=1, or no
 # buildah), on this machine in target/cuda.
 artifacts=$(mktemp)
 trap 'rm -f "$artifacts"' EXIT
