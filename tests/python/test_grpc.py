@@ -102,14 +102,21 @@ def metric(http_address, name, **labels):
     return float(match.group(1)) if match else 0.0
 
 
-def test_server_and_model_rpcs(client):
+def test_server_and_model_rpcs(server, client):
     assert client.is_server_live()
     assert client.is_server_ready()
     meta = client.get_server_metadata()
     assert meta.name == "inferd"
-    assert "statistics" in meta.extensions
+    # The same extensions on both protocols, as Triton lists them; every one of them served.
+    over_http = httpclient.InferenceServerClient(server[0]).get_server_metadata()["extensions"]
+    assert list(meta.extensions) == over_http
+    assert set(over_http) == {"binary_tensor_data", "model_repository", "model_configuration", "statistics"}
     assert client.is_model_ready("digits")
     assert client.is_model_ready("digits", model_version="1")
+    # A model or version the server does not have is not ready, as Triton answers, rather than an error.
+    assert not client.is_model_ready("no-such-model")
+    assert not client.is_model_ready("digits", model_version="7")
+    assert not client.is_model_ready("digits", model_version="one")
     model = client.get_model_metadata("digits", as_json=True)
     assert model["inputs"] == [{"name": "input", "datatype": "FP32", "shape": ["-1", "64"]}]
     assert model["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": ["-1", "10"]}]

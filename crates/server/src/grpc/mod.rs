@@ -49,10 +49,6 @@ use proto::grpc_inference_service_server::GrpcInferenceServiceServer;
 /// The gRPC service's full name: the health service reports it, and its RPCs' paths begin with it.
 pub const SERVICE: &str = "inference.GRPCInferenceService";
 
-/// The protocol extensions the gRPC service serves, as its server metadata lists them. perf_analyzer reads
-/// `statistics` and then calls `ModelStatistics` around each measurement.
-pub const EXTENSIONS: [&str; 3] = ["model_repository", "model_configuration", "statistics"];
-
 /// A request's deadline, from its `grpc-timeout`.
 #[derive(Debug, Clone, Copy)]
 pub struct Deadline(pub Instant);

@@ -62,8 +62,14 @@ impl GrpcInferenceService for Inference {
 
     async fn model_ready(&self, request: Request<ModelReadyRequest>) -> Answer<ModelReadyResponse> {
         let ModelReadyRequest { name, version } = request.into_inner();
-        let model = resolve_named(self.state.registry(), &name, &version)?;
-        Ok(Response::new(ModelReadyResponse { ready: models::model_ready(&model).is_ok() }))
+        // A model or version the server does not have (a version that is not a number among them) is not ready, as
+        // Triton answers: tritonclient's is_model_ready returns False rather than raising.
+        let ready = match resolve_named(self.state.registry(), &name, &version) {
+            Ok(model) => models::model_ready(&model).is_ok(),
+            Err(e) if e.kind == ErrorKind::NotFound => false,
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Response::new(ModelReadyResponse { ready }))
     }
 
     async fn server_metadata(&self, _: Request<ServerMetadataRequest>) -> Answer<ServerMetadataResponse> {
@@ -71,7 +77,7 @@ impl GrpcInferenceService for Inference {
         Ok(Response::new(ServerMetadataResponse {
             name: meta.name.to_owned(),
             version: meta.version.to_owned(),
-            extensions: super::EXTENSIONS.iter().map(|&e| e.to_owned()).collect(),
+            extensions: meta.extensions.iter().map(|&e| e.to_owned()).collect(),
         }))
     }
 

@@ -15,13 +15,13 @@ use crate::error::AppError;
 use crate::registry::ModelEntry;
 use crate::state::AppState;
 
+/// The KServe v2 / Triton extensions the server serves, by Triton's names: the same list on HTTP and gRPC, as Triton
+/// gives it. perf_analyzer reads `statistics`, and then calls `ModelStatistics` around each measurement.
+pub const EXTENSIONS: &[&str] = &["binary_tensor_data", "model_repository", "model_configuration", "statistics"];
+
 /// The server's metadata.
 pub fn server_metadata() -> V2ServerMetadata {
-    V2ServerMetadata {
-        name: "inferd",
-        version: env!("CARGO_PKG_VERSION"),
-        extensions: &["binary_tensor_data", "model_repository", "statistics"],
-    }
+    V2ServerMetadata { name: "inferd", version: env!("CARGO_PKG_VERSION"), extensions: EXTENSIONS }
 }
 
 /// The server takes traffic, or the 503 that says why not.
