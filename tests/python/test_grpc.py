@@ -121,6 +121,7 @@ def test_server_and_model_rpcs(server, client):
     assert model["inputs"] == [{"name": "input", "datatype": "FP32", "shape": ["-1", "64"]}]
     assert model["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": ["-1", "10"]}]
     config = client.get_model_config("digits", as_json=True)["config"]
+    assert (config["backend"], config["platform"]) == ("onnxruntime", "onnxruntime_onnx")
     assert config["max_batch_size"] == 64
     assert config["input"] == [{"name": "input", "data_type": "TYPE_FP32", "dims": ["64"]}]
     assert config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] == 1024

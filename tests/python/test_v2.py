@@ -61,6 +61,9 @@ def test_model_metadata_config_and_ready(client, model):
     assert meta["inputs"] == [{"name": "input", "datatype": dtype, "shape": [-1, 64]}]
     assert meta["outputs"] == [{"name": "logits", "datatype": dtype, "shape": [-1, 10]}]
     config = client.get_model_config(model)
+    # Named as Triton names ONNX Runtime's backend and platform.
+    assert (config["backend"], config["platform"]) == (
+        ("candle", "candle") if model.endswith("candle") else ("onnxruntime", "onnxruntime_onnx"))
     assert config["max_batch_size"] == 64
     assert config["input"] == [{"name": "input", "data_type": f"TYPE_{dtype}", "dims": [64]}]
     assert config["instance_group"][0]["kind"] == "KIND_CPU"

@@ -23,6 +23,14 @@ impl Backend {
             Backend::Candle => "candle",
         }
     }
+
+    /// The backend as Triton's model configuration names it (`backend`): ONNX Runtime's is `onnxruntime`.
+    pub fn triton_name(self) -> &'static str {
+        match self {
+            Backend::Onnx => "onnxruntime",
+            Backend::Candle => "candle",
+        }
+    }
 }
 
 /// Where a model should run.

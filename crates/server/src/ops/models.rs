@@ -73,7 +73,7 @@ pub fn model_config(model: &ModelEntry) -> Result<TritonModelConfig, AppError> {
     Ok(TritonModelConfig {
         name: model.name().to_owned(),
         platform: meta.platform,
-        backend: model.config.backend.as_str(),
+        backend: model.config.backend.triton_name(),
         max_batch_size: batching.max_batch_size,
         input: tensors(&meta.inputs),
         output: tensors(&meta.outputs),
