@@ -44,17 +44,17 @@ run_target() {
 }
 # One target a core at a time (libFuzzer's runs are single-threaded): the test command's five take 33 s where one
 # after the other took 55. The first crash stops the rest.
-parallel=$(nproc)
+reap() { # waits for one run to end; a crash stops the others, and the script
+    running=$((running - 1))
+    wait -n && return 0
+    kill $(jobs -p) 2>/dev/null || true
+    wait
+    exit 1
+}
 running=0
 for target in "${targets[@]}"; do
-    if [ "$running" -ge "$parallel" ]; then
-        wait -n || { kill $(jobs -p) 2>/dev/null || true; wait; exit 1; }
-        running=$((running - 1))
-    fi
+    [ "$running" -lt "$(nproc)" ] || reap
     run_target "$target" &
     running=$((running + 1))
 done
-while [ "$running" -gt 0 ]; do
-    wait -n || { kill $(jobs -p) 2>/dev/null || true; wait; exit 1; }
-    running=$((running - 1))
-done
+while [ "$running" -gt 0 ]; do reap; done

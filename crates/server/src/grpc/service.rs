@@ -64,11 +64,8 @@ impl GrpcInferenceService for Inference {
         let ModelReadyRequest { name, version } = request.into_inner();
         // A model or version the server does not have (a version that is not a number among them) is not ready, as
         // Triton answers: tritonclient's is_model_ready returns False rather than raising.
-        let ready = match resolve_named(self.state.registry(), &name, &version) {
-            Ok(model) => models::model_ready(&model).is_ok(),
-            Err(e) if e.kind == ErrorKind::NotFound => false,
-            Err(e) => return Err(e.into()),
-        };
+        let ready = resolve_named(self.state.registry(), &name, &version)
+            .is_ok_and(|model| models::model_ready(&model).is_ok());
         Ok(Response::new(ModelReadyResponse { ready }))
     }
 
