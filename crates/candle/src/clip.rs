@@ -19,7 +19,10 @@ use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
 use crate::batch::Batch;
 use serde_json::json;
 
-use crate::layers::{attention, field, field_or, hidden_and_heads, merge_heads, split_heads, with_defaults, Bias};
+use crate::layers::{
+    across_cores, attention, field, field_or, hidden_and_heads, merge_heads, quick_gelu, split_heads, stacked,
+    with_defaults, Bias,
+};
 
 /// Which of the two a checkpoint is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +55,7 @@ impl Act {
 
     fn forward(self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
-            Act::QuickGelu => x * candle_nn::ops::sigmoid(&(x * 1.702)?)?,
+            Act::QuickGelu => quick_gelu(x),
             Act::Gelu => x.gelu_erf(),
             Act::GeluTanh => x.gelu(),
         }
@@ -181,9 +184,8 @@ impl Config {
 /// A pre-norm encoder layer, as both towers of both families have it.
 struct Layer {
     norm1: LayerNorm,
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    /// `q_proj`, `k_proj` and `v_proj` as one product.
+    qkv: Linear,
     out: Linear,
     norm2: LayerNorm,
     fc1: Linear,
@@ -204,9 +206,11 @@ impl Encoder {
                 let a = l.pp("self_attn");
                 Ok(Layer {
                     norm1: candle_nn::layer_norm(h, eps, l.pp("layer_norm1"))?,
-                    q: candle_nn::linear(h, h, a.pp("q_proj"))?,
-                    k: candle_nn::linear(h, h, a.pp("k_proj"))?,
-                    v: candle_nn::linear(h, h, a.pp("v_proj"))?,
+                    qkv: stacked(&[
+                        candle_nn::linear(h, h, a.pp("q_proj"))?,
+                        candle_nn::linear(h, h, a.pp("k_proj"))?,
+                        candle_nn::linear(h, h, a.pp("v_proj"))?,
+                    ])?,
                     out: candle_nn::linear(h, h, a.pp("out_proj"))?,
                     norm2: candle_nn::layer_norm(h, eps, l.pp("layer_norm2"))?,
                     fc1: candle_nn::linear(h, tower.intermediate, l.pp("mlp.fc1"))?,
@@ -223,10 +227,10 @@ impl Encoder {
         let scale = 1.0 / ((self.tower.hidden / heads) as f64).sqrt();
         let mut x = x.clone();
         for layer in &self.layers {
-            let normed = layer.norm1.forward(&x)?;
-            let q = split_heads(&layer.q.forward(&normed)?, heads)?;
-            let k = split_heads(&layer.k.forward(&normed)?, heads)?;
-            let v = split_heads(&layer.v.forward(&normed)?, heads)?;
+            let (rows, seq, h) = x.dims3()?;
+            let qkv = layer.qkv.forward(&layer.norm1.forward(&x)?)?;
+            let qkv = qkv.reshape((rows, seq, 3, heads, h / heads))?.permute((2, 0, 3, 1, 4))?.contiguous()?;
+            let (q, k, v) = (qkv.get(0)?, qkv.get(1)?, qkv.get(2)?);
             x = (layer.out.forward(&merge_heads(&attention(&q, &k, &v, bias, scale)?)?)? + x)?;
             let inner = self.tower.act.forward(&layer.fc1.forward(&layer.norm2.forward(&x)?)?)?;
             x = (layer.fc2.forward(&inner)? + x)?;
@@ -394,6 +398,11 @@ impl Clip {
     /// Pictures' pixel values `[rows, channels, side, side]` (F32, as the processor normalised them) → their
     /// embeddings `[rows, dims]` (F32, not normalised).
     pub(crate) fn embed_images(&self, pixels: &Tensor, dtype: DType) -> candle_core::Result<Tensor> {
+        across_cores(pixels, |part| self.embed_images_together(part, dtype))
+    }
+
+    /// [`Clip::embed_images`] of every picture in one pass.
+    fn embed_images_together(&self, pixels: &Tensor, dtype: DType) -> candle_core::Result<Tensor> {
         let v = &self.vision;
         let (rows, channels, height, width) = pixels.dims4()?;
         let (side, p) = (self.config.image_size, v.patch_size);
