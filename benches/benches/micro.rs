@@ -30,7 +30,9 @@ fn concat_split(c: &mut Criterion) {
 }
 
 fn json_decode(c: &mut Criterion) {
-    let spec = |cols: i64| vec![TensorSpec { name: "input".into(), datatype: DataType::Fp32, shape: vec![-1, cols] }];
+    let spec = |cols: i64| {
+        vec![TensorSpec { name: "input".into(), datatype: DataType::Fp32, shape: vec![-1, cols], optional: false }]
+    };
     for (rows, cols) in [(1usize, 64i64), (8, 64), (1, 512)] {
         let row: Vec<String> = (0..cols).map(|i| format!("{}.25", i % 17)).collect();
         let body = format!("{{\"input\": [{}]}}", vec![format!("[{}]", row.join(",")); rows].join(","));
@@ -43,8 +45,12 @@ fn json_decode(c: &mut Criterion) {
 
 fn binary_decode(c: &mut Criterion) {
     for (rows, cols) in [(1usize, 64usize), (64, 512)] {
-        let spec =
-            |name: &str, width| TensorSpec { name: name.into(), datatype: DataType::Fp32, shape: vec![-1, width] };
+        let spec = |name: &str, width| TensorSpec {
+            name: name.into(),
+            datatype: DataType::Fp32,
+            shape: vec![-1, width],
+            optional: false,
+        };
         let meta = ModelMetadata {
             inputs: vec![spec("input", cols as i64)],
             outputs: vec![spec("logits", 10)],

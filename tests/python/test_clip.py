@@ -1,8 +1,9 @@
 """CLIP and SigLIP served from their hub folders (tests/data/clip: tiny models made by make_clip.py, `[candle]
 architecture = "clip"`), through the clients people use, against transformers' answers (photos.json, made by
 make_photos.py with each model's own image processor on scikit-image's photos, and its zero-shot pipeline):
-pictures through `/models/{m}/predict` (raw and in forms) and the openai client (`modality: "image"`, data URLs and
-base64), texts through TEI's /embed, the openai client and tritonclient, zero-shot labels through huggingface_hub's
+pictures through `/models/{m}/predict` (raw and in forms), the openai client (`modality: "image"`, data URLs and
+base64) and tritonclient (the optional `BYTES` input `image`, over HTTP and gRPC), texts through TEI's /embed, the
+openai client and tritonclient (the optional input `text`), zero-shot labels through huggingface_hub's
 InferenceClient; and the bad input: texts past the model's 16 positions cut or refused as `truncate` says, pictures
 sent to a text model, bombs and truncated files, with memory flat."""
 
@@ -15,7 +16,9 @@ import numpy as np
 import openai
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 from huggingface_hub import InferenceClient
 
 from conftest import ROOT, launch_inferd, post
@@ -34,14 +37,15 @@ def data_url(name):
 
 @pytest.fixture(scope="module")
 def inferd(tmp_path_factory):
-    """Both models, and a text-only embedder (the tiny MPNet) that takes no pictures: (process, address)."""
+    """Both models, and a text-only embedder (the tiny MPNet) that takes no pictures: (process, address, gRPC
+    address)."""
     root = tmp_path_factory.mktemp("clip")
     for name in MODELS:
         shutil.copytree(FIXTURES / name, root / name)
     shutil.copytree(ROOT / "tests" / "data" / "architectures" / "mpnet", root / "mpnet")
-    proc, address, _ = launch_inferd(root, "--default-embed-model", "clip")
+    proc, address, grpc = launch_inferd(root, "--default-embed-model", "clip", grpc=True)
     try:
-        yield proc, address
+        yield proc, address, grpc
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0, "inferd exits 0 on SIGTERM"
@@ -124,6 +128,49 @@ def test_the_openai_client_embeds_pictures_and_texts(server, model):
         client.embeddings.create(model=model, input=texts, extra_body={"modality": "audio"})
 
 
+@pytest.mark.parametrize("model", MODELS)
+def test_tritonclient_embeds_pictures_over_http_and_grpc(inferd, model):
+    _, server, grpc = inferd
+    names = list(REFS[model]["photos"])
+    want = [REFS[model]["photos"][n] for n in names]
+    files = np.array([photo(n) for n in names], dtype=object)
+    # Both inputs are optional: a request sends one.
+    config = httpclient.InferenceServerClient(server).get_model_config(model)
+    assert {i["name"]: i["optional"] for i in config["input"]} == {"text": True, "image": True}, config
+    grpc_config = grpcclient.InferenceServerClient(grpc).get_model_config(model).config
+    assert {i.name: i.optional for i in grpc_config.input} == {"text": True, "image": True}, grpc_config
+    # HTTP with the binary extension (the files as they are), and in JSON (each file in base64, as JSON strings
+    # cannot hold a file's bytes).
+    client = httpclient.InferenceServerClient(server)
+    for binary in (True, False):
+        image = httpclient.InferInput("image", [len(names)], "BYTES")
+        if binary:
+            image.set_data_from_numpy(files)
+        else:
+            image.set_data_from_numpy(np.array([base64.b64encode(f) for f in files], dtype=object), binary_data=False)
+        got = client.infer(model, [image]).as_numpy("embedding")
+        assert (cosines(got, want) >= 0.9999).all(), (binary, cosines(got, want))
+    # gRPC.
+    image = grpcclient.InferInput("image", [len(names)], "BYTES")
+    image.set_data_from_numpy(files)
+    got = grpcclient.InferenceServerClient(grpc).infer(model, [image]).as_numpy("embedding")
+    assert (cosines(got, want) >= 0.9999).all(), cosines(got, want)
+    # Texts and pictures together, or neither: refused by name.
+    text = httpclient.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"a photo of a cat"], dtype=object))
+    image = httpclient.InferInput("image", [1], "BYTES")
+    image.set_data_from_numpy(files[:1])
+    with pytest.raises(InferenceServerException, match="send one of the two"):
+        client.infer(model, [text, image])
+    status, body = post(f"http://{server}/v2/models/{model}/infer", {"inputs": []})
+    assert status == 400 and "`text` (texts) or `image`" in body["error"], body
+    # A file that is no picture.
+    image = grpcclient.InferInput("image", [1], "BYTES")
+    image.set_data_from_numpy(np.array([b"not a picture"], dtype=object))
+    with pytest.raises(InferenceServerException, match="not a picture"):
+        grpcclient.InferenceServerClient(grpc).infer(model, [image])
+
+
 def ranked_alike(got, want, tolerance=1e-3):
     """Equal scores per label, and the same order wherever the reference's scores differ by more than `tolerance`."""
     scores = {g["label"]: g["score"] for g in got}
@@ -160,7 +207,7 @@ def test_huggingface_hub_classifies_pictures_zero_shot(server, model):
 
 
 def test_bad_input_gets_a_400_and_leaves_memory_flat(inferd):
-    proc, server = inferd
+    proc, server, _ = inferd
     url = f"http://{server}/models/clip/predict"
     for name, data, message in BAD:
         r = requests.post(url, data=data, headers={"Content-Type": "image/png"})

@@ -379,8 +379,12 @@ impl HeldEngine {
     /// An [`EngineBuilder`] whose every engine shares `gate`.
     pub fn builder(gate: Arc<Gate>) -> EngineBuilder {
         Arc::new(move |_config| {
-            let spec =
-                |name: &str, width| TensorSpec { name: name.into(), datatype: DataType::Fp32, shape: vec![-1, width] };
+            let spec = |name: &str, width| TensorSpec {
+                name: name.into(),
+                datatype: DataType::Fp32,
+                shape: vec![-1, width],
+                optional: false,
+            };
             let metadata = ModelMetadata {
                 inputs: vec![spec("input", 64)],
                 outputs: vec![spec("logits", 10)],

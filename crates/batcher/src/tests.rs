@@ -143,7 +143,8 @@ impl Observed {
 }
 
 fn fixture(batching: BatchingConfig, gate_open: bool) -> Fixture {
-    let spec = |name: &str| TensorSpec { name: name.into(), datatype: DataType::Fp32, shape: vec![-1, -1] };
+    let spec =
+        |name: &str| TensorSpec { name: name.into(), datatype: DataType::Fp32, shape: vec![-1, -1], optional: false };
     let metadata = ModelMetadata {
         inputs: vec![spec("x")],
         outputs: vec![spec("y")],

@@ -211,8 +211,12 @@ impl CandleEngine {
         let (model, inputs, outputs, text) = match (text, plan) {
             (Some(settings), Some(plan)) => {
                 let model = plan.load(&config.file, wants, settings.pooling, dtype, &device)?;
-                let token =
-                    |name: &str| TensorSpec { name: name.into(), datatype: DataType::Int64, shape: vec![-1, -1] };
+                let token = |name: &str| TensorSpec {
+                    name: name.into(),
+                    datatype: DataType::Int64,
+                    shape: vec![-1, -1],
+                    optional: false,
+                };
                 let inputs = vec![token(INPUT_IDS), token(ATTENTION_MASK), token(TOKEN_TYPE_IDS)];
                 let dims = model.dims();
                 let mut info = settings.info(config, model.contracts().to_vec(), dims.hidden, model.head_labels())?;
@@ -286,7 +290,9 @@ fn mlp_specs(
     let (first, last) = (options.layers[0] as i64, options.layers[options.layers.len() - 1] as i64);
     let one = |kind: &str, declared: &[TensorSpec], width: i64| -> std::result::Result<TensorSpec, String> {
         let spec = match declared {
-            [] => TensorSpec { name: kind.to_owned(), datatype: DataType::Fp32, shape: vec![-1, width] },
+            [] => {
+                TensorSpec { name: kind.to_owned(), datatype: DataType::Fp32, shape: vec![-1, width], optional: false }
+            }
             [spec] => spec.clone(),
             _ => return Err(format!("{kind}: an mlp has exactly one {kind}, {} are declared", declared.len())),
         };

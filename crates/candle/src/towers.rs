@@ -57,8 +57,14 @@ pub(crate) fn load(
     let side = i64::try_from(c.image_size).unwrap_or(-1);
     let channels = i64::try_from(c.channels).unwrap_or(-1);
     let pixels = vec![-1, channels, side, side];
-    let inputs = vec![TensorSpec { name: PIXEL_VALUES.into(), datatype: DataType::Fp32, shape: pixels }];
-    let outputs = vec![TensorSpec { name: IMAGE_EMBEDS.into(), datatype: DataType::Fp32, shape: vec![-1, dims] }];
+    let inputs =
+        vec![TensorSpec { name: PIXEL_VALUES.into(), datatype: DataType::Fp32, shape: pixels, optional: false }];
+    let outputs = vec![TensorSpec {
+        name: IMAGE_EMBEDS.into(),
+        datatype: DataType::Fp32,
+        shape: vec![-1, dims],
+        optional: false,
+    }];
     let mut texts = settings.info(config, vec![Contract::Pooled], c.dims, None)?;
     // Each tower pools as it was trained (CLIP: the end token; SigLIP: the last position).
     texts.pooling = Pooling::LastToken;
@@ -70,7 +76,8 @@ pub(crate) fn load(
 
 /// The text tower's metadata: token ids and their mask in, the pooled embedding out.
 pub(crate) fn text_metadata(pictures: &ModelMetadata, texts: &TextInfo) -> ModelMetadata {
-    let token = |name: &str| TensorSpec { name: name.into(), datatype: DataType::Int64, shape: vec![-1, -1] };
+    let token =
+        |name: &str| TensorSpec { name: name.into(), datatype: DataType::Int64, shape: vec![-1, -1], optional: false };
     ModelMetadata {
         inputs: vec![token(INPUT_IDS), token(ATTENTION_MASK)],
         outputs: vec![contract_output(Contract::Pooled, texts.dimensions)],

@@ -9,7 +9,7 @@ use std::time::Duration;
 use inferd_core::{DataType, ModelMetadata, Tensor, TensorSpec};
 
 use super::v2::{binary_form, decode_binary_strings, InputHead};
-use super::{names, quoted, shape_text, CodecError, Limits};
+use super::{given_inputs, names, quoted, shape_text, CodecError, Limits};
 
 /// The messages and the service's types, generated from `proto/inference.proto`.
 #[allow(clippy::all, missing_docs)]
@@ -34,8 +34,8 @@ pub const CLASSIFICATION_PARAMETER: &str = "classification";
 #[derive(Debug)]
 pub struct GrpcCall {
     pub id: String,
-    /// In the model's input order.
-    pub inputs: Vec<Tensor>,
+    /// In the model's input order; `None` for an optional input left out.
+    pub inputs: Vec<Option<Tensor>>,
     /// The outputs to answer with, in the order asked: indices into the model's outputs.
     pub outputs: Vec<usize>,
     /// Triton's classification extension: (output index, k) for each output asked as its top k classes.
@@ -74,11 +74,7 @@ pub fn decode_infer(request: ModelInferRequest, meta: &ModelMetadata, limits: &L
         decoded[slot] = Some(tensor);
         elements = count;
     }
-    let inputs = decoded
-        .into_iter()
-        .zip(&meta.inputs)
-        .map(|(t, spec)| t.ok_or_else(|| invalid(format!("missing input `{}`", spec.name))))
-        .collect::<Result<Vec<_>, _>>()?;
+    let inputs = given_inputs(decoded, &meta.inputs)?;
     let mut chosen: Vec<usize> = Vec::with_capacity(outputs.len().min(meta.outputs.len()));
     let mut classification = Vec::new();
     for o in &outputs {

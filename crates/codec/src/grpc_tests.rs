@@ -48,8 +48,8 @@ fn raw_and_typed_inputs_decode_alike_in_the_models_order() {
     let raw = decode_infer(request(true), &meta(), &Limits::NONE).expect("raw decodes");
     let typed = decode_infer(request(false), &meta(), &Limits::NONE).expect("typed decodes");
     assert_eq!(raw.inputs, typed.inputs);
-    assert_eq!(raw.inputs[0].to_vec::<f32>().expect("fp32"), vec![1.0, 2.0, 3.0, 4.0]);
-    assert_eq!(raw.inputs[1].byte_strings().expect("bytes"), [b"hello".to_vec(), Vec::new()]);
+    assert_eq!(raw.inputs[0].as_ref().expect("given").to_vec::<f32>().expect("fp32"), vec![1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(raw.inputs[1].as_ref().expect("given").byte_strings().expect("bytes"), [b"hello".to_vec(), Vec::new()]);
     assert_eq!((raw.id.as_str(), raw.outputs.as_slice(), raw.timeout), ("r1", &[0, 1][..], None));
 }
 
@@ -100,7 +100,7 @@ fn the_requests_mistakes_are_named() {
 #[test]
 fn typed_integers_must_fit_their_type_and_fp16_comes_raw() {
     let mut m = meta();
-    m.inputs = vec![TensorSpec { name: "i".into(), datatype: DataType::Int8, shape: vec![-1] }];
+    m.inputs = vec![TensorSpec { name: "i".into(), datatype: DataType::Int8, shape: vec![-1], optional: false }];
     let ints = |v: Vec<i32>| InferTensorContents { int_contents: v, ..Default::default() };
     let r =
         ModelInferRequest { inputs: vec![input("i", "INT8", &[2], Some(ints(vec![1, 300])))], ..Default::default() };

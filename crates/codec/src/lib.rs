@@ -10,7 +10,7 @@ pub mod v2;
 
 use std::fmt;
 
-use inferd_core::TensorSpec;
+use inferd_core::{Tensor, TensorSpec};
 
 /// Why a body could not be decoded, or an answer encoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -137,6 +137,15 @@ pub fn shape_text<T: fmt::Debug>(shape: &[T]) -> String {
     } else {
         let head: Vec<String> = shape[..SHOWN].iter().map(|d| format!("{d:?}")).collect();
         format!("[{}, … ({} dimensions)]", head.join(", "), shape.len())
+    }
+}
+
+/// A request's inputs in the model's order, each where the client sent it: refused where it left out an input the
+/// model requires; `None` where it left out an optional one.
+pub fn given_inputs(decoded: Vec<Option<Tensor>>, specs: &[TensorSpec]) -> Result<Vec<Option<Tensor>>, CodecError> {
+    match decoded.iter().zip(specs).find(|(t, spec)| t.is_none() && !spec.optional) {
+        Some((_, spec)) => Err(CodecError::Invalid(format!("missing input `{}`", spec.name))),
+        None => Ok(decoded),
     }
 }
 

@@ -29,9 +29,9 @@ pub struct PredictRequest {
 #[derive(Debug, Default)]
 pub struct NamedTensors(pub Vec<(usize, Tensor)>);
 
-/// Decodes a `/predict` body into one tensor per spec, in the specs' order, within `limits`: rows and elements
-/// past the limits stop the decoding where they are met.
-pub fn decode_predict(body: &[u8], specs: &[TensorSpec], limits: &Limits) -> Result<Vec<Tensor>, CodecError> {
+/// Decodes a `/predict` body into one tensor per spec, in the specs' order (`None` for an optional input left out),
+/// within `limits`: rows and elements past the limits stop the decoding where they are met.
+pub fn decode_predict(body: &[u8], specs: &[TensorSpec], limits: &Limits) -> Result<Vec<Option<Tensor>>, CodecError> {
     check_json_depth(body, limits.max_json_depth)?;
     let mut tally = Tally::new(*limits);
     let mut de = serde_json::Deserializer::from_slice(body);
@@ -46,11 +46,7 @@ pub fn decode_predict(body: &[u8], specs: &[TensorSpec], limits: &Limits) -> Res
             return Err(CodecError::Invalid(format!("input `{}` is given twice", specs[i].name)));
         }
     }
-    specs
-        .iter()
-        .zip(slots)
-        .map(|(spec, t)| t.ok_or_else(|| CodecError::Invalid(format!("missing input `{}`", spec.name))))
-        .collect()
+    crate::given_inputs(slots, specs)
 }
 
 /// Decodes a body into a [`PredictRequest`] for a model of `specs`.

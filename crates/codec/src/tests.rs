@@ -7,12 +7,13 @@ use super::json::NestedJson;
 use super::predict::decode_predict;
 use super::*;
 
+/// Every input of a body that must give each.
 fn decode(body: &[u8], specs: &[TensorSpec]) -> Result<Vec<Tensor>, CodecError> {
-    decode_predict(body, specs, &Limits::NONE)
+    Ok(decode_predict(body, specs, &Limits::NONE)?.into_iter().map(|t| t.expect("every input is required")).collect())
 }
 
 fn spec(name: &str, datatype: DataType, shape: &[i64]) -> TensorSpec {
-    TensorSpec { name: name.into(), datatype, shape: shape.to_vec() }
+    TensorSpec { name: name.into(), datatype, shape: shape.to_vec(), optional: false }
 }
 
 fn digits() -> Vec<TensorSpec> {
@@ -141,7 +142,10 @@ fn rows_and_elements_stop_the_decoding_where_the_limits_are_met() {
     let specs = digits();
     let limits = Limits { max_rows: 4, max_elements: 10, max_json_depth: 32 };
     let body = |rows: usize| format!(r#"{{"input": [{}]}}"#, vec!["[1, 2, 3]"; rows].join(", "));
-    assert_eq!(decode_predict(body(3).as_bytes(), &specs, &limits).expect("9 elements")[0].shape(), &[3, 3]);
+    assert_eq!(
+        decode_predict(body(3).as_bytes(), &specs, &limits).expect("9 elements")[0].as_ref().expect("given").shape(),
+        &[3, 3]
+    );
     // Over both limits: the rows are what the client hears of.
     let err = decode_predict(body(5).as_bytes(), &specs, &limits).expect_err("over");
     assert!(matches!(&err, CodecError::OverLimit(m) if m.contains("--max-rows")), "{err}");

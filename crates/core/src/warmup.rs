@@ -124,6 +124,7 @@ mod tests {
                     name: (*name).into(),
                     datatype: *datatype,
                     shape: shape.to_vec(),
+                    optional: false,
                 })
                 .collect(),
             outputs: Vec::new(),

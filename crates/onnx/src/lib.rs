@@ -262,7 +262,7 @@ fn specs_from_graph<'a>(
                 d.shape.clone()
             }
         };
-        specs.push(TensorSpec { name: name.to_owned(), datatype, shape });
+        specs.push(TensorSpec { name: name.to_owned(), datatype, shape, optional: false });
     }
     if let Some(extra) = declared.iter().find(|d| !specs.iter().any(|s| s.name == d.name)) {
         return Err(Error::config(

@@ -18,7 +18,12 @@ pub struct Echo(ModelMetadata);
 
 impl Echo {
     pub fn new() -> Echo {
-        let spec = |name: &str| TensorSpec { name: name.into(), datatype: DataType::Fp32, shape: vec![-1, 2] };
+        let spec = |name: &str| TensorSpec {
+            name: name.into(),
+            datatype: DataType::Fp32,
+            shape: vec![-1, 2],
+            optional: false,
+        };
         Echo(ModelMetadata {
             inputs: vec![spec("x")],
             outputs: vec![spec("y")],

@@ -49,7 +49,12 @@ fn text_batcher(observer: Arc<Observed>) -> Batcher {
 
 /// A [`TokenCounter`]'s batcher; `hidden_states`: whether its metadata says it gives per-token states.
 fn text_batcher_with(observer: Arc<Observed>, hidden_states: bool, config: &BatchingConfig) -> Batcher {
-    let spec = |name: &str, datatype, shape: &[i64]| TensorSpec { name: name.into(), datatype, shape: shape.to_vec() };
+    let spec = |name: &str, datatype, shape: &[i64]| TensorSpec {
+        name: name.into(),
+        datatype,
+        shape: shape.to_vec(),
+        optional: false,
+    };
     let metadata = ModelMetadata {
         inputs: vec![spec("input_ids", DataType::Int64, &[-1, -1]), spec("attention_mask", DataType::Int64, &[-1, -1])],
         outputs: vec![spec("embedding", DataType::Fp32, &[-1, 1])],

@@ -82,8 +82,8 @@ fn fp16_inputs_and_outputs_stay_fp16_on_the_gpu() {
     let file = write_weights(dir.path());
     let mut c = config(dir.path(), file, Some(Precision::Fp16));
     c.device = DeviceSpec::Cuda(0);
-    c.inputs = vec![TensorSpec { name: "x".into(), datatype: DataType::Fp16, shape: vec![-1, 3] }];
-    c.outputs = vec![TensorSpec { name: "y".into(), datatype: DataType::Fp16, shape: vec![-1, 2] }];
+    c.inputs = vec![TensorSpec { name: "x".into(), datatype: DataType::Fp16, shape: vec![-1, 3], optional: false }];
+    c.outputs = vec![TensorSpec { name: "y".into(), datatype: DataType::Fp16, shape: vec![-1, 2], optional: false }];
     let mut engine = CandleEngine::load(&c, Precision::Fp32, &[]).expect("loads");
     let x: Vec<half::f16> = ROWS[1].iter().map(|&v| half::f16::from_f64(v)).collect();
     let out = engine.run(&[Tensor::from_slice(vec![1, 3], &x).expect("valid")]).expect("runs");

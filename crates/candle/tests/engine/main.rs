@@ -113,8 +113,8 @@ fn fp16_inputs_and_outputs_are_served_natively() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = write_weights(dir.path());
     let mut c = config(dir.path(), file, Some(Precision::Fp16));
-    c.inputs = vec![TensorSpec { name: "x".into(), datatype: DataType::Fp16, shape: vec![-1, 3] }];
-    c.outputs = vec![TensorSpec { name: "y".into(), datatype: DataType::Fp16, shape: vec![-1, 2] }];
+    c.inputs = vec![TensorSpec { name: "x".into(), datatype: DataType::Fp16, shape: vec![-1, 3], optional: false }];
+    c.outputs = vec![TensorSpec { name: "y".into(), datatype: DataType::Fp16, shape: vec![-1, 2], optional: false }];
     let mut engine = CandleEngine::load(&c, Precision::Fp32, &[]).expect("loads");
     let x: Vec<half::f16> = ROWS[0].iter().map(|&v| half::f16::from_f64(v)).collect();
     let out = engine.run(&[Tensor::from_slice(vec![1, 3], &x).expect("valid")]).expect("runs");
@@ -141,13 +141,19 @@ fn bad_configurations_are_refused_with_the_field_named() {
         (Box::new(|c| c.file = c.dir.join("missing.safetensors")), "does not exist"),
         (
             Box::new(|c| {
-                c.inputs = vec![TensorSpec { name: "x".into(), datatype: DataType::Fp32, shape: vec![-1, 4] }]
+                c.inputs =
+                    vec![TensorSpec { name: "x".into(), datatype: DataType::Fp32, shape: vec![-1, 4], optional: false }]
             }),
             "input[0].shape",
         ),
         (
             Box::new(|c| {
-                c.inputs = vec![TensorSpec { name: "x".into(), datatype: DataType::Int32, shape: vec![-1, 3] }]
+                c.inputs = vec![TensorSpec {
+                    name: "x".into(),
+                    datatype: DataType::Int32,
+                    shape: vec![-1, 3],
+                    optional: false,
+                }]
             }),
             "input[0].datatype",
         ),

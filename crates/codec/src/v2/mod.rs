@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::json::{decode_flat, FlatJson};
-use super::{check_json_depth, names, quoted, shape_text, CodecError, Limits};
+use super::{check_json_depth, given_inputs, names, quoted, shape_text, CodecError, Limits};
 
 /// The header that gives the length of a body's JSON part when binary tensors follow it.
 pub const JSON_LENGTH_HEADER: &str = "inference-header-content-length";
@@ -82,8 +82,8 @@ pub struct V2OutputParameters {
 #[derive(Debug)]
 pub struct V2Call {
     pub id: Option<String>,
-    /// In the model's input order.
-    pub inputs: Vec<Tensor>,
+    /// In the model's input order; `None` for an optional input left out.
+    pub inputs: Vec<Option<Tensor>>,
     /// The outputs to answer with, in the order asked: (index into the model's outputs, in binary?).
     pub outputs: Vec<(usize, bool)>,
     /// Triton's classification extension: (output index, k) for each output asked as its top k classes.
@@ -130,11 +130,7 @@ pub fn decode_infer(
     if !binary.is_empty() {
         return Err(invalid(format!("{} bytes of binary data follow the inputs that claim them", binary.len())));
     }
-    let inputs = decoded
-        .into_iter()
-        .zip(&meta.inputs)
-        .map(|(t, spec)| t.ok_or_else(|| invalid(format!("missing input `{}`", spec.name))))
-        .collect::<Result<Vec<_>, _>>()?;
+    let inputs = given_inputs(decoded, &meta.inputs)?;
     let default_binary = request.parameters.binary_data_output;
     let mut classification = Vec::new();
     let outputs = match &request.outputs {

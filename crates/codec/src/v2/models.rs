@@ -77,6 +77,9 @@ pub struct TritonTensorConfig {
     /// `TYPE_FP32`, `TYPE_STRING`, ….
     pub data_type: String,
     pub dims: Vec<i64>,
+    /// An input's: whether a request may leave it out (Triton shows it on inputs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub optional: Option<bool>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]

@@ -9,7 +9,12 @@ use super::*;
 
 /// A model of an FP32 and a BYTES input, and an FP16 and an INT64 output: the gRPC codec's tests use it too.
 pub(crate) fn meta() -> ModelMetadata {
-    let spec = |name: &str, datatype, shape: &[i64]| TensorSpec { name: name.into(), datatype, shape: shape.to_vec() };
+    let spec = |name: &str, datatype, shape: &[i64]| TensorSpec {
+        name: name.into(),
+        datatype,
+        shape: shape.to_vec(),
+        optional: false,
+    };
     ModelMetadata {
         inputs: vec![spec("x", DataType::Fp32, &[-1, 2]), spec("s", DataType::Bytes, &[-1, 1])],
         outputs: vec![spec("y", DataType::Fp16, &[-1, 2]), spec("n", DataType::Int64, &[-1])],
@@ -62,7 +67,7 @@ fn json_and_binary_inputs_decode_alike() {
     let from_binary = decode_infer(&mixed, Some(len), &meta(), &Limits::NONE).expect("valid");
     assert_eq!(from_json.inputs, from_binary.inputs);
     assert_eq!(from_json.id.as_deref(), Some("r1"));
-    assert_eq!(from_json.inputs[0].to_vec::<f32>().expect("fp32"), vec![1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(from_json.inputs[0].as_ref().expect("given").to_vec::<f32>().expect("fp32"), vec![1.0, 2.0, 3.0, 4.0]);
     assert_eq!(from_json.outputs, vec![(0, false), (1, false)]);
     // Binary in JSON order even when that differs from the model's order.
     blobs.clear();
@@ -110,6 +115,18 @@ fn binary_sizes_that_disagree_with_shapes_are_refused() {
 }
 
 #[test]
+fn an_optional_input_may_be_left_out_and_a_required_one_may_not() {
+    let mut m = meta();
+    m.inputs[1].optional = true;
+    let without_s = json!({ "inputs": [request(None, None)["inputs"][0].clone()] }).to_string();
+    let call = decode_infer(without_s.as_bytes(), None, &m, &Limits::NONE).expect("`s` is optional");
+    assert!(call.inputs[0].is_some() && call.inputs[1].is_none(), "{:?}", call.inputs);
+    let without_x = json!({ "inputs": [request(None, None)["inputs"][1].clone()] }).to_string();
+    let err = decode_infer(without_x.as_bytes(), None, &m, &Limits::NONE).expect_err("`x` is required");
+    assert!(err.to_string().contains("missing input `x`"), "{err}");
+}
+
+#[test]
 fn shapes_datatypes_and_names_are_checked() {
     let with = |edit: &dyn Fn(&mut serde_json::Value)| {
         let mut r = request(None, None);
@@ -154,7 +171,7 @@ fn json_numbers_are_converted_for_float_inputs_and_timeouts_read() {
     r["parameters"] = json!({ "timeout": 2500, "priority": 1, "binary_data_output": true });
     r["outputs"] = json!([{ "name": "n" }, { "name": "y", "parameters": { "binary_data": false } }]);
     let d = decode_infer(r.to_string().as_bytes(), None, &meta(), &Limits::NONE).expect("valid");
-    assert_eq!(d.inputs[0].dtype(), DataType::Fp32);
+    assert_eq!(d.inputs[0].as_ref().expect("given").dtype(), DataType::Fp32);
     assert_eq!(d.timeout, Some(Duration::from_micros(2500)));
     assert_eq!(d.outputs, vec![(1, true), (0, false)]);
 }

@@ -12,6 +12,10 @@ pub struct TensorSpec {
     pub name: String,
     pub datatype: DataType,
     pub shape: Vec<i64>,
+    /// An input a request may leave out (Triton's `optional`): a model of two towers takes its `text` or its
+    /// `image`. Never set on an output, nor read from `model.toml`: an engine's inputs are all required.
+    #[serde(default, skip)]
+    pub optional: bool,
 }
 
 impl TensorSpec {
@@ -33,7 +37,7 @@ mod tests {
 
     #[test]
     fn tensor_spec_accepts_matching_shapes() {
-        let spec = TensorSpec { name: "x".into(), datatype: DataType::Fp32, shape: vec![-1, 64] };
+        let spec = TensorSpec { name: "x".into(), datatype: DataType::Fp32, shape: vec![-1, 64], optional: false };
         assert!(spec.accepts(&[3, 64]));
         assert!(!spec.accepts(&[3, 63]));
         assert!(!spec.accepts(&[3, 64, 1]));

@@ -362,7 +362,7 @@ pub fn contract_output(contract: Contract, width: usize) -> crate::TensorSpec {
         Contract::SparseWeights => ("sparse_weights", vec![-1]),
     };
     shape.push(i64::try_from(width).unwrap_or(-1));
-    crate::TensorSpec { name: name.into(), datatype: crate::DataType::Fp32, shape }
+    crate::TensorSpec { name: name.into(), datatype: crate::DataType::Fp32, shape, optional: false }
 }
 
 /// The prompts of `config_sentence_transformers.json`, and the default one. A default that names no prompt, or

@@ -2,17 +2,22 @@
 //! is decoded and made into pixel values as the folder's `preprocessor_config.json` says (or `model.toml`'s
 //! `[image]`) and runs on the model's own engines; a text is tokenized and runs on its text towers
 //! ([`Tower::Text`]), batched apart. Both answer as the embed task does: one vector each, cut to the dimensions asked
-//! for, unit length unless the request or `model.toml` says otherwise.
+//! for, unit length unless the request or `model.toml` says otherwise. The tensor protocols send texts as the
+//! optional `BYTES` input `text`, or pictures' files as the optional `BYTES` input `image`: one of the two.
 
 use std::sync::Arc;
 
 use anyhow::Context;
 use inferd_core::text::Contract;
-use inferd_core::{Backend, ImageConfig, ModelConfig, ModelMetadata, PROCESSOR_CONFIG_FILE};
+use inferd_core::{Backend, DataType, ImageConfig, ModelConfig, ModelMetadata, TensorSpec, PROCESSOR_CONFIG_FILE};
 
 use super::embed::{dimensions, shape_vectors, EmbedTask, Normalize};
 use super::image::ImageTask;
-use super::{Input, Prepared, Registration, Request, Service, Task, TaskError, TextFront, Tower};
+use super::{Input, Prepared, Registration, Request, Service, Task, TaskError, TextFront, Tower, TEXT_INPUT};
+
+/// The name of a model of two towers' input of pictures on the tensor protocols: each element a picture's file
+/// (JPEG, PNG, …; in base64 where the protocol's JSON carries it).
+pub const IMAGE_INPUT: &str = "image";
 
 pub(super) const REGISTRATION: Registration = Registration {
     service: Service::Embed,
@@ -33,6 +38,8 @@ pub(super) fn two_towers(config: &ModelConfig) -> bool {
 pub struct ClipTask {
     pictures: ImageTask,
     texts: EmbedTask,
+    /// Its face on the tensor protocols: texts or pictures in, the embedding out.
+    public: ModelMetadata,
 }
 
 impl ClipTask {
@@ -47,14 +54,18 @@ impl ClipTask {
             })?;
             config.image = Some(image);
         }
-        Ok(ClipTask { pictures: ImageTask::load(&config, pictures)?, texts: EmbedTask::load(texts)? })
+        let texts = EmbedTask::load(texts)?;
+        let mut public = texts.metadata().clone();
+        let bytes =
+            |name: &str| TensorSpec { name: name.into(), datatype: DataType::Bytes, shape: vec![-1], optional: true };
+        public.inputs = vec![bytes(TEXT_INPUT), bytes(IMAGE_INPUT)];
+        Ok(ClipTask { pictures: ImageTask::load(&config, pictures)?, texts, public })
     }
 }
 
 impl Task for ClipTask {
-    /// Its texts' face: the tensor protocols send texts.
     fn metadata(&self) -> &ModelMetadata {
-        self.texts.metadata()
+        &self.public
     }
 
     fn service(&self) -> Service {
@@ -70,7 +81,29 @@ impl Task for ClipTask {
     }
 
     fn prepare(&self, request: Request, max_rows: usize) -> Result<Prepared, TaskError> {
-        if !matches!(request.input, Input::Images(_)) {
+        let Request { input, options, deadline, reserve } = request;
+        // A tensor protocol's request is one tower's: its one input becomes that task's own.
+        let (input, pictures) = match input {
+            Input::Tensors(tensors) => match <[_; 2]>::try_from(tensors) {
+                Ok([Some(text), None]) => (Input::Tensors(vec![Some(text)]), false),
+                Ok([None, Some(image)]) => (Input::Tensors(vec![Some(image)]), true),
+                Ok([Some(_), Some(_)]) => {
+                    return Err(TaskError::Invalid(format!(
+                        "inputs `{TEXT_INPUT}` and `{IMAGE_INPUT}`: send one of the two, as texts and pictures run \
+                         on different towers"
+                    )))
+                }
+                _ => {
+                    return Err(TaskError::Invalid(format!(
+                        "missing input: `{TEXT_INPUT}` (texts) or `{IMAGE_INPUT}` (pictures' files)"
+                    )))
+                }
+            },
+            input @ Input::Images(_) => (input, true),
+            input => (input, false),
+        };
+        let request = Request { input, options, deadline, reserve };
+        if !pictures {
             let mut prepared = self.texts.prepare(request, max_rows)?;
             prepared.tower = Tower::Text;
             return Ok(prepared);

@@ -59,6 +59,7 @@ impl EmbedTask {
             name: EMBEDDING_OUTPUT.into(),
             datatype: DataType::Fp32,
             shape: vec![-1, front.info().dimensions as i64],
+            optional: false,
         };
         let public = text_face(engine, vec![embedding]);
         Ok(EmbedTask { front, public })

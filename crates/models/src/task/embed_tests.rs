@@ -32,10 +32,16 @@ fn task(dir: &Path, max_seq_len: usize) -> EmbedTask {
 
 /// An embed task of `dimensions`-long vectors whose engine gives per-token states when `hidden_states`.
 fn task_with(dir: &Path, max_seq_len: usize, dimensions: usize, hidden_states: bool) -> EmbedTask {
-    let spec = |name: &str| TensorSpec { name: name.into(), datatype: DataType::Int64, shape: vec![-1, -1] };
+    let spec =
+        |name: &str| TensorSpec { name: name.into(), datatype: DataType::Int64, shape: vec![-1, -1], optional: false };
     let engine = ModelMetadata {
         inputs: vec![spec(INPUT_IDS), spec(ATTENTION_MASK), spec(TOKEN_TYPE_IDS)],
-        outputs: vec![TensorSpec { name: "pooled".into(), datatype: DataType::Fp32, shape: vec![-1, 2] }],
+        outputs: vec![TensorSpec {
+            name: "pooled".into(),
+            datatype: DataType::Fp32,
+            shape: vec![-1, 2],
+            optional: false,
+        }],
         device: "cpu".into(),
         precision: Precision::Fp32,
         platform: "test",
@@ -129,7 +135,7 @@ fn bad_texts_and_ids_are_the_clients_fault_and_too_many_are_over_the_limit() {
     assert!(invalid(ids_request(vec![vec![2, 99, 3]])).contains("id 99 is outside the model's vocabulary of 8"));
     assert!(invalid(ids_request(vec![vec![]])).contains("token list 0 is empty"));
     let bytes = Tensor::from_byte_strings(vec![1], vec![vec![0xff, 0xfe]]).expect("bytes");
-    assert!(invalid(Request::new(Input::Tensors(vec![bytes]))).contains("element 0 is not UTF-8"));
+    assert!(invalid(Request::new(Input::Tensors(vec![Some(bytes)]))).contains("element 0 is not UTF-8"));
     assert!(matches!(task.prepare(texts(&["is", "is", "is"]), 2), Err(TaskError::OverLimit(_))));
     let asking = |n| texts(&["fast"]).with(Dimensions(n));
     assert_eq!(invalid(asking(0)), "dimensions: must be at least 1");

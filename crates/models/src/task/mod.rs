@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use inferd_batcher::InferRequest;
 use inferd_core::text::Contract;
-use inferd_core::{ModelConfig, ModelMetadata, Tensor};
+use inferd_core::{ModelConfig, ModelMetadata, Tensor, TensorSpec};
 
 pub use self::clip::ClipTask;
 pub use self::embed::{Dimensions, EmbedTask, Normalize, PerToken, TEXT_INPUT};
@@ -198,8 +198,9 @@ impl Options {
 #[derive(Debug)]
 pub enum Input {
     /// Tensors in the order of the task's [`Task::metadata`] inputs, each already checked against its spec (data
-    /// type and shape) by the protocol's decoder. A text model's are `BYTES` inputs of texts.
-    Tensors(Vec<Tensor>),
+    /// type and shape) by the protocol's decoder; `None` for an optional input the client left out. A text model's
+    /// are `BYTES` inputs of texts.
+    Tensors(Vec<Option<Tensor>>),
     /// Texts (or pairs of texts, or token ids), as the text protocols send them.
     Texts(TextInput),
     /// Encoded pictures (JPEG, PNG, …) for a vision model, as sent.
@@ -215,6 +216,15 @@ impl Input {
             Input::Images(_) => "pictures",
         }
     }
+}
+
+/// A tensor request's inputs, for a task that needs every one of its `specs`.
+fn every_input(tensors: Vec<Option<Tensor>>, specs: &[TensorSpec]) -> Result<Vec<Tensor>, TaskError> {
+    tensors
+        .into_iter()
+        .zip(specs)
+        .map(|(t, spec)| t.ok_or_else(|| TaskError::Invalid(format!("missing input `{}`", spec.name))))
+        .collect()
 }
 
 /// Why `service` refuses `input`: the client sent a form it does not take.

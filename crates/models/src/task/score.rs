@@ -14,7 +14,9 @@ use inferd_core::{DataType, ModelConfig, ModelMetadata, Tensor, TensorSpec};
 
 use super::text::{strings_of, TextFront};
 use super::TEXT_INPUT;
-use super::{refused, Answer, Input, Prepared, Registration, Request, Service, Task, TaskError, TextInput, Texts};
+use super::{
+    every_input, refused, Answer, Input, Prepared, Registration, Request, Service, Task, TaskError, TextInput, Texts,
+};
 
 pub(super) const RERANK: Registration = Registration {
     service: Service::Rerank,
@@ -78,15 +80,25 @@ impl ScoreTask {
                 "task = \"rerank\" needs a head with one score; this model's gives {labels} (use task = \"classify\")"
             );
         }
-        let bytes = |name: &str, shape: Vec<i64>| TensorSpec { name: name.into(), datatype: DataType::Bytes, shape };
+        let bytes = |name: &str, shape: Vec<i64>| TensorSpec {
+            name: name.into(),
+            datatype: DataType::Bytes,
+            shape,
+            optional: false,
+        };
         let (inputs, output) = match rerank {
             true => (
                 vec![bytes(QUERY_INPUT, vec![1]), bytes(TEXT_INPUT, vec![-1])],
-                TensorSpec { name: SCORE_OUTPUT.into(), datatype: DataType::Fp32, shape: vec![-1] },
+                TensorSpec { name: SCORE_OUTPUT.into(), datatype: DataType::Fp32, shape: vec![-1], optional: false },
             ),
             false => (
                 vec![bytes(TEXT_INPUT, vec![-1])],
-                TensorSpec { name: SCORES_OUTPUT.into(), datatype: DataType::Fp32, shape: vec![-1, labels] },
+                TensorSpec {
+                    name: SCORES_OUTPUT.into(),
+                    datatype: DataType::Fp32,
+                    shape: vec![-1, labels],
+                    optional: false,
+                },
             ),
         };
         let public = ModelMetadata { inputs, outputs: vec![output], ..engine.clone() };
@@ -156,7 +168,7 @@ impl Task for ScoreTask {
     fn prepare(&self, request: Request, max_rows: usize) -> Result<Prepared, TaskError> {
         let input = match request.input {
             Input::Texts(input) => input,
-            Input::Tensors(tensors) => self.texts_of(&tensors)?,
+            Input::Tensors(tensors) => self.texts_of(&every_input(tensors, &self.public.inputs)?)?,
             other => return Err(refused(self.service(), &other)),
         };
         if self.rerank && !matches!(input.texts, Texts::Pairs(_)) {

@@ -38,7 +38,12 @@ impl SparseTask {
     pub fn load(engine: &ModelMetadata) -> anyhow::Result<SparseTask> {
         let front = TextFront::load(engine)?;
         let vocab = front.info().width(Contract::SparseWeights).map_or(-1, |v| v as i64);
-        let weights = TensorSpec { name: SPARSE_OUTPUT.into(), datatype: DataType::Fp32, shape: vec![-1, vocab] };
+        let weights = TensorSpec {
+            name: SPARSE_OUTPUT.into(),
+            datatype: DataType::Fp32,
+            shape: vec![-1, vocab],
+            optional: false,
+        };
         let public = text_face(engine, vec![weights]);
         Ok(SparseTask { front, public })
     }

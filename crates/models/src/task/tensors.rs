@@ -6,7 +6,7 @@ use std::sync::Arc;
 use inferd_batcher::InferRequest;
 use inferd_core::{ModelConfig, ModelMetadata};
 
-use super::{refused, Answer, Input, Prepared, Registration, Request, Service, Task, TaskError};
+use super::{every_input, refused, Answer, Input, Prepared, Registration, Request, Service, Task, TaskError};
 
 pub(super) const REGISTRATION: Registration = Registration {
     service: Service::Tensors,
@@ -41,7 +41,7 @@ impl Task for TensorTask {
         // Rows are bounded by the decoder, which counts them as the body streams by.
         match request.input {
             Input::Tensors(tensors) => Ok(Prepared::new(
-                InferRequest::new(tensors).with_deadline(request.deadline),
+                InferRequest::new(every_input(tensors, &self.metadata.inputs)?).with_deadline(request.deadline),
                 Box::new(|tensors| Ok(Answer::tensors(tensors, 0))),
             )),
             other => Err(refused(REGISTRATION.service, &other)),

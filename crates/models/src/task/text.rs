@@ -335,7 +335,7 @@ fn counted(input: &TextInput, max_rows: usize, what: &str) -> Result<usize, Task
 /// What a text model shows the tensor protocols, its engine being `engine`: one `BYTES` input of texts, `text`, and
 /// the task's own `outputs`.
 pub(super) fn text_face(engine: &ModelMetadata, outputs: Vec<TensorSpec>) -> ModelMetadata {
-    let text = TensorSpec { name: TEXT_INPUT.into(), datatype: DataType::Bytes, shape: vec![-1] };
+    let text = TensorSpec { name: TEXT_INPUT.into(), datatype: DataType::Bytes, shape: vec![-1], optional: false };
     ModelMetadata { inputs: vec![text], outputs, ..engine.clone() }
 }
 
@@ -345,7 +345,7 @@ pub(super) fn single_texts(input: Input, service: Service) -> Result<TextInput, 
     let input = match input {
         Input::Texts(input) => input,
         Input::Tensors(tensors) => match tensors.as_slice() {
-            [t] => TextInput::new(Texts::Strings(strings_of(t, TEXT_INPUT)?)),
+            [Some(t)] => TextInput::new(Texts::Strings(strings_of(t, TEXT_INPUT)?)),
             _ => return Err(TaskError::Invalid(format!("a text model takes one input, `{TEXT_INPUT}`"))),
         },
         other => return Err(refused(service, &other)),

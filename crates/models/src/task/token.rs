@@ -158,8 +158,18 @@ impl TokenTask {
         let public = text_face(
             engine,
             vec![
-                TensorSpec { name: TOKEN_SCORES_OUTPUT.into(), datatype: DataType::Fp32, shape: vec![-1, -1, labels] },
-                TensorSpec { name: TOKEN_COUNT_OUTPUT.into(), datatype: DataType::Int64, shape: vec![-1] },
+                TensorSpec {
+                    name: TOKEN_SCORES_OUTPUT.into(),
+                    datatype: DataType::Fp32,
+                    shape: vec![-1, -1, labels],
+                    optional: false,
+                },
+                TensorSpec {
+                    name: TOKEN_COUNT_OUTPUT.into(),
+                    datatype: DataType::Int64,
+                    shape: vec![-1],
+                    optional: false,
+                },
             ],
         );
         Ok(TokenTask { front, words, public })

@@ -396,7 +396,12 @@ fn model_config(config: TritonModelConfig) -> ModelConfig {
         input: config
             .input
             .into_iter()
-            .map(|t| ModelInput { name: t.name, data_type: config_type(&t.data_type), dims: t.dims })
+            .map(|t| ModelInput {
+                name: t.name,
+                data_type: config_type(&t.data_type),
+                dims: t.dims,
+                optional: t.optional.unwrap_or(false),
+            })
             .collect(),
         output: config
             .output

@@ -92,7 +92,7 @@ pub async fn infer(
     let started = Instant::now();
     let max_rows = state.limits().max_rows;
     let allow_non_finite = state.allow_non_finite();
-    let large = matches!(&request.input, Input::Tensors(t) if tensor_bytes(t.iter()) > INLINE_WORK_BYTES);
+    let large = matches!(&request.input, Input::Tensors(t) if tensor_bytes(t.iter().flatten()) > INLINE_WORK_BYTES);
     let task = model.task.clone();
     let deadline = request.deadline;
     let prepared = off_runtime_if(large || task.prepare_is_heavy(), move || {
@@ -105,7 +105,8 @@ pub async fn infer(
             ));
         }
         if let (false, Input::Tensors(inputs)) = (allow_non_finite, &request.input) {
-            refuse_non_finite(inputs, &task.metadata().inputs, "input").map_err(TaskError::Invalid)?;
+            let given = inputs.iter().zip(&task.metadata().inputs).filter_map(|(t, spec)| Some((t.as_ref()?, spec)));
+            refuse_non_finite(given, "input").map_err(TaskError::Invalid)?;
         }
         // Counted here, where a large request's texts are read off the runtime anyway.
         let characters = characters(&request.input);
@@ -137,7 +138,7 @@ pub async fn infer(
         // after it, once cut to the tokens the client sees (padded positions may hold anything).
         if !allow_non_finite && !per_token {
             let specs = &engine.batcher_for(tower).metadata().outputs;
-            refuse_non_finite(&out.outputs, specs, "output").map_err(TaskError::Internal)?;
+            refuse_non_finite(out.outputs.iter().zip(specs), "output").map_err(TaskError::Internal)?;
         }
         let answer = finish(out.outputs)?;
         if let Some((text, (i, value))) = answer
@@ -209,8 +210,11 @@ fn tensor_bytes<'a>(tensors: impl Iterator<Item = &'a Tensor>) -> usize {
 
 /// The non-finite policy (`--allow-non-finite` off): the first NaN or infinity in `tensors` is an error that
 /// names the tensor and the element.
-fn refuse_non_finite(tensors: &[Tensor], specs: &[TensorSpec], what: &str) -> Result<(), String> {
-    for (t, spec) in tensors.iter().zip(specs) {
+fn refuse_non_finite<'a>(
+    tensors: impl IntoIterator<Item = (&'a Tensor, &'a TensorSpec)>,
+    what: &str,
+) -> Result<(), String> {
+    for (t, spec) in tensors {
         if let Some((index, value)) = t.first_non_finite() {
             let value = if value.is_nan() { "NaN".to_owned() } else { format!("{value}") };
             return Err(format!(

@@ -19,7 +19,7 @@ fn setup(args: &[&str]) -> (tempfile::TempDir, AppState, Arc<LoadedModel>) {
 
 fn rows(values: &[f32]) -> Request {
     let tensor = Tensor::from_slice(vec![values.len() / 2, 2], values).expect("tensor");
-    Request::new(Input::Tensors(vec![tensor]))
+    Request::new(Input::Tensors(vec![Some(tensor)]))
 }
 
 #[tokio::test]

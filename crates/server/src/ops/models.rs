@@ -63,11 +63,16 @@ pub fn model_config(model: &ModelEntry) -> Result<TritonModelConfig, AppError> {
     let loaded = model.serving()?;
     let meta = loaded.metadata();
     let batching = &loaded.batching;
-    let tensors = |specs: &[TensorSpec]| {
+    let tensors = |specs: &[TensorSpec], inputs: bool| {
         let dims = |s: &TensorSpec| if batching.max_batch_size > 0 { s.row_dims().to_vec() } else { s.shape.clone() };
         specs
             .iter()
-            .map(|s| TritonTensorConfig { name: s.name.clone(), data_type: config_type(s.datatype), dims: dims(s) })
+            .map(|s| TritonTensorConfig {
+                name: s.name.clone(),
+                data_type: config_type(s.datatype),
+                dims: dims(s),
+                optional: inputs.then_some(s.optional),
+            })
             .collect()
     };
     Ok(TritonModelConfig {
@@ -75,8 +80,8 @@ pub fn model_config(model: &ModelEntry) -> Result<TritonModelConfig, AppError> {
         platform: meta.platform,
         backend: model.config.backend.triton_name(),
         max_batch_size: batching.max_batch_size,
-        input: tensors(&meta.inputs),
-        output: tensors(&meta.outputs),
+        input: tensors(&meta.inputs, true),
+        output: tensors(&meta.outputs, false),
         dynamic_batching: DynamicBatching {
             max_queue_delay_microseconds: batching.max_queue_delay_us,
             preferred_batch_size: batching.preferred_batch_sizes.clone(),

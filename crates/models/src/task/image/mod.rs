@@ -147,6 +147,7 @@ impl ImageTask {
                 name: input.name.clone(),
                 datatype: DataType::Bytes,
                 shape: vec![if batched { -1 } else { 1 }],
+                optional: false,
             }],
             ..engine.clone()
         };
@@ -208,7 +209,10 @@ impl Task for ImageTask {
         let files: Vec<&[u8]> = match &request.input {
             Input::Images(files) => files.iter().map(|f| f.as_ref()).collect(),
             Input::Tensors(tensors) => {
-                tensor = tensors.first().ok_or_else(|| TaskError::Invalid(format!("missing input `{name}`")))?;
+                tensor = tensors
+                    .first()
+                    .and_then(Option::as_ref)
+                    .ok_or_else(|| TaskError::Invalid(format!("missing input `{name}`")))?;
                 // KServe's JSON clients send a picture's file in base64, as JSON strings cannot hold its bytes.
                 base64_files =
                     tensor.byte_strings().unwrap_or_default().iter().map(|f| unbase64(f)).collect::<Vec<_>>();
