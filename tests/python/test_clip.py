@@ -97,6 +97,9 @@ def test_texts_embed_as_transformers_does_and_long_ones_are_cut_or_refused(serve
     text.set_data_from_numpy(np.array([texts[0].encode()], dtype=object))
     result = client.infer(model, [text]).as_numpy("embedding")
     assert cosines(result[0], want[0]) >= 0.9999
+    # A text tower gives one vector a text, not one a token.
+    status, body = post(f"http://{server}/models/{model}/embed_all", {"inputs": texts[:1]})
+    assert status == 400 and "projected vector only" in body["error"], body
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -79,11 +79,13 @@ impl EmbedTask {
         deadline: Option<std::time::Instant>,
     ) -> Result<Prepared, TaskError> {
         if !self.front.info().serves(Contract::TokenStates) {
-            return Err(TaskError::Invalid(
-                "it gives no vector per token: its engine has no per-token states (an ONNX graph needs a \
-                 [batch, sequence, dim] output)"
-                    .into(),
-            ));
+            let why = match self.public.platform {
+                "candle" => "a CLIP or SigLIP text tower gives each text's projected vector only",
+                _ => "an ONNX graph needs a [batch, sequence, dim] output",
+            };
+            return Err(TaskError::Invalid(format!(
+                "it gives no vector per token: its engine has no per-token states ({why})"
+            )));
         }
         let lengths: Vec<usize> =
             sequences.iter().map(|s| s.first().and_then(|t| t.shape().get(1)).copied().unwrap_or(0)).collect();
