@@ -36,7 +36,8 @@ CUSTOM_KINDS = {
     "ServingRuntime": "a KServe CRD (serving.kserve.io/v1alpha1); its schema ships with KServe",
     "InferenceService": "a KServe CRD (serving.kserve.io/v1beta1); its schema ships with KServe",
     "Kustomization": "kustomize's own file, never sent to the cluster",
-    "Component": "a kustomize component (k8s/grpc-probes), never sent to the cluster; checked by applying it below",
+    "Component": "a kustomize component (k8s/grpc-probes, k8s/unix-socket-sidecar), never sent to the cluster; checked "
+                 "by applying it below",
 }
 
 
@@ -206,7 +207,7 @@ def json_patch(doc, operations):
         target = doc
         for part in parents:
             target = target[int(part)] if isinstance(target, list) else target[part]
-        key = int(last) if isinstance(target, list) else last
+        key = (len(target) if last == "-" else int(last)) if isinstance(target, list) else last
         if operation["op"] == "remove":
             del target[key]
         elif operation["op"] == "add" and isinstance(target, list):
@@ -219,17 +220,24 @@ def json_patch(doc, operations):
     return doc
 
 
-def test_the_grpc_probes_component_gives_a_valid_deployment_with_grpc_readiness():
-    component = yaml.safe_load((K8S / "grpc-probes" / "kustomization.yaml").read_text())
+def with_component(name):
+    """The inferd deployment, and that deployment as the kustomize component k8s/`name` patches it: checked against
+    its schema, and offered (commented out) in k8s/kustomization.yaml."""
+    component = yaml.safe_load((K8S / name / "kustomization.yaml").read_text())
     assert component["kind"] == "Component"
     kustomization = (K8S / "kustomization.yaml").read_text()
-    assert re.search(r"^#\s+- grpc-probes$", kustomization, re.M), "k8s/kustomization.yaml offers the component"
+    assert re.search(rf"^#\s+- {name}$", kustomization, re.M), "k8s/kustomization.yaml offers the component"
     deployment = next(d for _, d in k8s_documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "inferd")
     patched = deployment
     for patch in component["patches"]:
         assert patch["target"] == {"kind": "Deployment", "name": "inferd"}
         patched = json_patch(patched, yaml.safe_load(patch["patch"]))
     kubernetes_validate.validate(patched, kubernetes_validate.latest_version(), strict=True)
+    return deployment, patched
+
+
+def test_the_grpc_probes_component_gives_a_valid_deployment_with_grpc_readiness():
+    deployment, patched = with_component("grpc-probes")
     before = deployment["spec"]["template"]["spec"]["containers"][0]
     after = patched["spec"]["template"]["spec"]["containers"][0]
     for probe in ["startupProbe", "readinessProbe"]:
@@ -241,6 +249,27 @@ def test_the_grpc_probes_component_gives_a_valid_deployment_with_grpc_readiness(
     assert after["livenessProbe"] == before["livenessProbe"]
     assert after["livenessProbe"]["httpGet"]["path"] == "/health/live"
     assert INFERD_GRPC_PORT in {p["containerPort"] for p in after["ports"]}
+
+
+def test_the_unix_socket_sidecar_component_gives_a_pod_whose_gateway_reaches_inferd_over_its_socket():
+    _, patched = with_component("unix-socket-sidecar")
+    pod = patched["spec"]["template"]["spec"]
+    inferd, gateway = pod["containers"]
+    env = {e["name"]: e["value"] for e in inferd["env"]}
+    http_sock, grpc_sock = env["INFERD_UNIX_SOCKET"], env["INFERD_GRPC_UNIX_SOCKET"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = lambda c: {m["mountPath"]: m["name"] for m in c["volumeMounts"]}  # noqa: E731
+    # Both see the sockets' directory and /dev/shm, from in-memory volumes.
+    for path in (os.path.dirname(http_sock), os.path.dirname(grpc_sock), "/dev/shm"):
+        assert mounts(inferd)[path] == mounts(gateway)[path], path
+        assert volumes[mounts(inferd)[path]]["emptyDir"]["medium"] == "Memory", path
+    # One user for the pod: the socket files' owner, which mode 0660 lets connect.
+    assert "runAsUser" in pod["securityContext"] and "runAsUser" not in gateway.get("securityContext", {})
+    # The gateway's site forwards to the socket inferd listens on.
+    [config] = [d for p, d in k8s_documents() if p.parts[1] == "unix-socket-sidecar" and d["kind"] == "ConfigMap"]
+    assert config["metadata"]["name"] == volumes[mounts(gateway)["/etc/nginx/conf.d"]]["configMap"]["name"]
+    assert f"server unix:{http_sock};" in config["data"]["default.conf"]
+    assert gateway["readinessProbe"]["httpGet"]["path"] == "/health/ready"
 
 
 def test_the_serving_runtime_declares_grpc_as_kserve_expects():

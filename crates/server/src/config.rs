@@ -86,6 +86,15 @@ pub struct ServeConfig {
     #[arg(long, env = "INFERD_GRPC_PORT", default_value_t = 8001)]
     pub grpc_port: u16,
 
+    /// Serve HTTP on this Unix domain socket too (beside the port), for clients on the same host: a socket file of
+    /// mode 0660, a stale one left at the path replaced, removed at exit.
+    #[arg(long, env = "INFERD_UNIX_SOCKET", value_name = "PATH")]
+    pub unix_socket: Option<PathBuf>,
+
+    /// Serve gRPC on this Unix domain socket too (clients dial `unix:PATH`); with `--grpc-port 0`, there alone.
+    #[arg(long, env = "INFERD_GRPC_UNIX_SOCKET", value_name = "PATH")]
+    pub grpc_unix_socket: Option<PathBuf>,
+
     /// The model that POST /predict serves; needed when the repository holds several.
     #[arg(long, env = "INFERD_DEFAULT_MODEL")]
     pub default_model: Option<String>,

@@ -25,13 +25,13 @@ use axum::{Json, Router};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
 use crate::config::ServeConfig;
 use crate::drain::Drain;
 use crate::error::ErrorBody;
+use crate::socket::{accept_any, Listener, Stream};
 
 /// Connections past `--max-connections` that still answer the probes.
 pub const OVERFLOW_CONNECTIONS: usize = 64;
@@ -138,7 +138,7 @@ impl Clock {
 
 /// A connection's socket, which tells its clock when bytes arrive.
 struct Watched {
-    stream: TcpStream,
+    stream: Stream,
     clock: Arc<Clock>,
 }
 
@@ -229,11 +229,12 @@ fn is_probe(path: &str) -> bool {
     matches!(path, "/health" | "/health/live" | "/health/ready" | "/v2/health/live" | "/v2/health/ready")
 }
 
-/// Serves `app` on `listener` until `closing` resolves; then takes what waits in the backlog, takes no more
-/// connections, waits for the server to go quiet, and closes the idle connections left; returns once every
-/// connection has closed. Runs until then: the drain bounds it from outside.
+/// Serves `app` on `listeners` (a TCP port, a Unix socket: one limit of connections for all) until `closing`
+/// resolves; then takes what waits in the backlog, takes no more connections, waits for the server to go quiet,
+/// and closes the idle connections left; returns once every connection has closed. Runs until then: the drain
+/// bounds it from outside.
 pub async fn serve(
-    listener: TcpListener,
+    listeners: Vec<Listener>,
     app: Router,
     settings: ConnectionSettings,
     drain: Arc<Drain>,
@@ -249,22 +250,22 @@ pub async fn serve(
         epoch: Instant::now(),
         graceful: GracefulShutdown::new(),
     };
-    accept_until(listener, closing, |stream| server.take(stream)).await;
+    accept_until(listeners, closing, |stream| server.take(stream)).await;
     server.wait_quiet().await;
     // Closes each connection now if idle, after its answer if busy, and waits until every one has closed.
     server.graceful.shutdown().await;
     Ok(())
 }
 
-/// Hands each connection `listener` accepts to `take` until `closing` resolves; then those the kernel completed
-/// but nobody accepted yet (closing the listener would reset them); then closes the listener. HTTP's and gRPC's
-/// listeners alike.
-pub async fn accept_until(listener: TcpListener, closing: impl Future<Output = ()>, mut take: impl FnMut(TcpStream)) {
+/// Hands each connection `listeners` accept to `take` until `closing` resolves; then those the kernel completed
+/// but nobody accepted yet (closing a listener would reset them); then closes the listeners. HTTP's and gRPC's
+/// alike.
+pub async fn accept_until(listeners: Vec<Listener>, closing: impl Future<Output = ()>, mut take: impl FnMut(Stream)) {
     let mut closing = pin!(closing);
     loop {
         tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => take(stream),
+            accepted = accept_any(&listeners) => match accepted {
+                Ok(stream) => take(stream),
                 // Out of file descriptors, say: the connections already open keep being served.
                 Err(e) => {
                     tracing::warn!(error = %e, "accepting a connection failed");
@@ -274,7 +275,7 @@ pub async fn accept_until(listener: TcpListener, closing: impl Future<Output = (
             () = &mut closing => break,
         }
     }
-    while let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await {
+    while let Ok(Ok(stream)) = tokio::time::timeout(Duration::ZERO, accept_any(&listeners)).await {
         take(stream);
     }
 }
@@ -295,8 +296,8 @@ struct Server {
 
 impl Server {
     /// Serves an accepted connection in full, or the probes only, or closes it: whatever the limits allow.
-    fn take(&self, stream: TcpStream) {
-        let _ = stream.set_nodelay(true);
+    fn take(&self, stream: Stream) {
+        stream.set_nodelay();
         let (permit, full) = match self.slots.clone().try_acquire_owned() {
             Ok(permit) => (permit, true),
             Err(_) => match self.overflow.clone().try_acquire_owned() {

@@ -23,6 +23,7 @@ pub mod ops;
 pub mod registry;
 pub mod request;
 pub mod routes;
+pub mod socket;
 pub mod state;
 #[cfg(test)]
 mod testing;
@@ -53,23 +54,32 @@ use inferd_models::{Defaults, EngineSettings, GpuMemoryReader, Repository};
 use crate::gpu::GpuMonitor;
 use crate::metrics::Metrics;
 use crate::registry::{ModelEntry, Registry};
+use crate::socket::{Listener, UnixSocket};
 
 /// The server, built from its configuration; [`Server::serve`] runs it.
 pub struct Server {
     config: ServeConfig,
     gpu_probe: Option<Arc<dyn GpuProbe>>,
     engine_builder: Option<EngineBuilder>,
-    grpc_listener: Option<TcpListener>,
+    /// HTTP's listeners besides [`Server::serve`]'s (a Unix socket).
+    http_listeners: Vec<Listener>,
+    grpc_listeners: Vec<Listener>,
 }
 
 impl Server {
     pub fn new(config: ServeConfig) -> Self {
-        Server { config, gpu_probe: None, engine_builder: None, grpc_listener: None }
+        Server { config, gpu_probe: None, engine_builder: None, http_listeners: Vec::new(), grpc_listeners: Vec::new() }
     }
 
-    /// Serves KServe v2 over gRPC on `listener` too, beside HTTP.
-    pub fn with_grpc_listener(mut self, listener: TcpListener) -> Self {
-        self.grpc_listener = Some(listener);
+    /// Serves HTTP on `listener` too (a Unix socket), with the same connection limit.
+    pub fn with_listener(mut self, listener: impl Into<Listener>) -> Self {
+        self.http_listeners.push(listener.into());
+        self
+    }
+
+    /// Serves KServe v2 over gRPC on `listener` too (a port, a Unix socket), beside HTTP.
+    pub fn with_grpc_listener(mut self, listener: impl Into<Listener>) -> Self {
+        self.grpc_listeners.push(listener.into());
         self
     }
 
@@ -96,7 +106,7 @@ impl Server {
     ) -> anyhow::Result<()> {
         let config = self.config;
         let open_files = connections::raise_open_files_limit();
-        let listeners = if self.grpc_listener.is_some() { 2 } else { 1 };
+        let listeners = if self.grpc_listeners.is_empty() { 1 } else { 2 };
         let connection_settings = connections::ConnectionSettings::new(&config, open_files, listeners);
         let repository = Repository::new(config.repository());
         let configs = repository.discover()?;
@@ -125,8 +135,11 @@ impl Server {
         load_in_background(&state);
 
         let addr = listener.local_addr()?;
+        let http_listeners: Vec<Listener> = std::iter::once(listener.into()).chain(self.http_listeners).collect();
+        let also: Vec<String> = http_listeners[1..].iter().map(Listener::describe).collect();
         tracing::info!(
             %addr,
+            also = %also.join(", "),
             repository = %repository_dir.display(),
             models = count,
             max_connections = connection_settings.max_connections,
@@ -139,13 +152,14 @@ impl Server {
             move || state.models().iter().filter_map(|m| m.loaded()).for_each(|m| m.batchers().for_each(|b| b.flush()))
         };
         let closing = drain.clone().until_closing(shutdown, flush);
-        let http = connections::serve(listener, app(state.clone()), connection_settings, drain.clone(), closing);
-        let grpc = match self.grpc_listener {
-            Some(listener) => {
-                tracing::info!(grpc_addr = %listener.local_addr()?, "serving gRPC");
-                Some(grpc::serve(listener, grpc::app(state.clone()), connection_settings, drain.clone()))
+        let http = connections::serve(http_listeners, app(state.clone()), connection_settings, drain.clone(), closing);
+        let grpc = match self.grpc_listeners.is_empty() {
+            false => {
+                let at: Vec<String> = self.grpc_listeners.iter().map(Listener::describe).collect();
+                tracing::info!(grpc_addr = %at.join(", "), "serving gRPC");
+                Some(grpc::serve(self.grpc_listeners, grpc::app(state.clone()), connection_settings, drain.clone()))
             }
-            None => None,
+            true => None,
         };
         // One task for both listeners: the drain bounds them together, and aborting it stops both.
         let server = tokio::spawn(async move {
@@ -244,22 +258,23 @@ async fn stop_batchers(models: Vec<Arc<ModelEntry>>) {
     let _ = stopped.await;
 }
 
-/// Binds `--host:--port` (and `--grpc-port` unless 0) and serves until `shutdown` resolves.
+/// Binds `--host:--port` (and `--grpc-port` unless 0, and the Unix sockets asked for) and serves until `shutdown`
+/// resolves.
 pub async fn run(config: ServeConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     let addr = std::net::SocketAddr::new(config.host, config.port.get());
     let listener = TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-    let grpc = match config.grpc_port {
-        0 => None,
-        port => {
-            let addr = std::net::SocketAddr::new(config.host, port);
-            Some(TcpListener::bind(addr).await.with_context(|| format!("cannot listen for gRPC on {addr}"))?)
-        }
-    };
-    let server = Server::new(config);
-    match grpc {
-        Some(listener) => server.with_grpc_listener(listener),
-        None => server,
+    let mut grpc = Vec::new();
+    if config.grpc_port != 0 {
+        let addr = std::net::SocketAddr::new(config.host, config.grpc_port);
+        grpc.push(TcpListener::bind(addr).await.with_context(|| format!("cannot listen for gRPC on {addr}"))?.into());
     }
-    .serve(listener, shutdown)
-    .await
+    if let Some(path) = &config.grpc_unix_socket {
+        grpc.push(Listener::Unix(UnixSocket::bind(path).await.context("--grpc-unix-socket")?));
+    }
+    let unix = match &config.unix_socket {
+        Some(path) => Some(Listener::Unix(UnixSocket::bind(path).await.context("--unix-socket")?)),
+        None => None,
+    };
+    let server = unix.into_iter().fold(Server::new(config), Server::with_listener);
+    grpc.into_iter().fold(server, Server::with_grpc_listener).serve(listener, shutdown).await
 }

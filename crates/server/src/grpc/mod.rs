@@ -24,7 +24,6 @@ use axum::Router;
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tonic::Status;
@@ -34,6 +33,7 @@ use crate::budget::Hold;
 use crate::connections::{accept_until, ConnectionSettings};
 use crate::drain::Drain;
 use crate::error::AppError;
+use crate::socket::{Listener, Stream};
 use crate::state::AppState;
 
 pub use service::{Inference, STREAM_IN_FLIGHT};
@@ -207,7 +207,7 @@ fn grpc_timeout(headers: &HeaderMap) -> Result<Option<Duration>, String> {
 /// `--max-connections` of its own, one is closed at once. Dropping the future (the drain's end) drops every
 /// connection.
 pub async fn serve(
-    listener: TcpListener,
+    listeners: Vec<Listener>,
     app: Router,
     settings: ConnectionSettings,
     drain: Arc<Drain>,
@@ -219,7 +219,7 @@ pub async fn serve(
         tasks: JoinSet::new(),
         first_bytes: settings.header_read_timeout,
     };
-    accept_until(listener, drain.closing(), |stream| server.take(stream)).await;
+    accept_until(listeners, drain.closing(), |stream| server.take(stream)).await;
     server.graceful.shutdown().await;
     Ok(())
 }
@@ -237,11 +237,11 @@ struct Connections {
 }
 
 impl Connections {
-    fn take(&mut self, stream: TcpStream) {
+    fn take(&mut self, stream: Stream) {
         while self.tasks.try_join_next().is_some() {}
         // Past --max-connections the connection is closed at once: the client retries elsewhere.
         let Ok(permit) = self.slots.clone().try_acquire_owned() else { return };
-        let _ = stream.set_nodelay(true);
+        stream.set_nodelay();
         let app = self.app.clone();
         let service = hyper::service::service_fn(move |request: axum::http::Request<Incoming>| {
             let app = app.clone();
@@ -255,8 +255,7 @@ impl Connections {
         self.tasks.spawn(async move {
             let _permit = permit;
             // A connection that never speaks would hold its slot, and the drain, forever.
-            let mut first = [0u8; 1];
-            if !matches!(tokio::time::timeout(first_bytes, stream.peek(&mut first)).await, Ok(Ok(n)) if n > 0) {
+            if !matches!(tokio::time::timeout(first_bytes, stream.readable()).await, Ok(Ok(()))) {
                 tracing::debug!("closing a gRPC connection that sent nothing");
                 return;
             }
