@@ -9,7 +9,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use anyhow::Context as _;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use rustix::net::RecvFlags;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
 /// A socket file's mode: its owner and group may connect, others not.
@@ -101,11 +102,23 @@ impl Stream {
         }
     }
 
-    /// Waits until there is something to read, or the peer has closed.
-    pub async fn readable(&self) -> io::Result<()> {
+    /// Waits until the peer has sent something (true), which stays to be read, or has closed (false).
+    pub async fn spoke(&self) -> io::Result<bool> {
+        let mut first = [0u8; 1];
         match self {
-            Stream::Tcp(s) => s.readable().await,
-            Stream::Unix(s) => s.readable().await,
+            Stream::Tcp(s) => s.peek(&mut first).await.map(|n| n > 0),
+            // tokio has no peek for a Unix stream: readiness, then a peek that may find nothing yet.
+            Stream::Unix(s) => loop {
+                s.readable().await?;
+                let peeked = s.try_io(Interest::READABLE, || {
+                    rustix::net::recv(s, &mut first[..], RecvFlags::PEEK).map(|(n, _)| n).map_err(io::Error::from)
+                });
+                match peeked {
+                    Ok(n) => return Ok(n > 0),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Err(e) => return Err(e),
+                }
+            },
         }
     }
 }

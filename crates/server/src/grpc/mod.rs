@@ -255,7 +255,7 @@ impl Connections {
         self.tasks.spawn(async move {
             let _permit = permit;
             // A connection that never speaks would hold its slot, and the drain, forever.
-            if !matches!(tokio::time::timeout(first_bytes, stream.readable()).await, Ok(Ok(()))) {
+            if !matches!(tokio::time::timeout(first_bytes, stream.spoke()).await, Ok(Ok(true))) {
                 tracing::debug!("closing a gRPC connection that sent nothing");
                 return;
             }
