@@ -123,8 +123,14 @@ def test_server_and_model_rpcs(server, client):
     config = client.get_model_config("digits", as_json=True)["config"]
     assert (config["backend"], config["platform"]) == ("onnxruntime", "onnxruntime_onnx")
     assert config["max_batch_size"] == 64
+    # Protobuf's JSON leaves out what holds its default (false, 0, FORMAT_NONE, empty lists).
     assert config["input"] == [{"name": "input", "data_type": "TYPE_FP32", "dims": ["64"]}]
     assert config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] == 1024
+    assert config["dynamic_batching"]["default_queue_policy"]["allow_timeout_override"] is True
+    assert config["version_policy"] == {"latest": {"num_versions": 1}}
+    assert config["instance_group"][0]["name"] == "digits" and config["default_model_filename"] == "model.onnx"
+    assert config["parameters"]["device"] == {"string_value": "cpu"}
+    assert "optimization" in config
     text = client.get_model_config("minilm", as_json=True)["config"]
     assert text["input"][0]["data_type"] == "TYPE_STRING"
     index = client.get_model_repository_index(as_json=True)["models"]
@@ -144,7 +150,10 @@ def test_fp32_numpy_in_and_out_and_statistics_grow(client):
     assert int(after["inference_count"]) == int(before.get("inference_count", 0)) + 8
     queued = lambda s: int(s.get("inference_stats", {}).get("queue", {}).get("count", 0))
     assert queued(after) == queued(before) + 1
-    assert int(after["inference_stats"]["compute_infer"]["ns"]) > 0
+    for step in ("compute_input", "compute_infer", "compute_output"):
+        assert int(after["inference_stats"][step]["ns"]) > int(before["inference_stats"].get(step, {}).get("ns", 0))
+    assert any(int(b["batch_size"]) == 8 for b in after["batch_stats"]), after["batch_stats"]
+    assert after["memory_usage"][0]["type"] == "CPU" and int(after["memory_usage"][0]["byte_size"]) > 0
 
 
 def test_typed_contents_work_as_raw_does(server):

@@ -58,3 +58,10 @@ def test_perf_analyzer_loads_inferd_over_grpc(grpc_address, tmp_path, streaming)
     assert measured > 0, output
     grew = queued(client) - before
     assert grew >= measured, f"statistics grew by {grew}, perf_analyzer measured {measured} requests\n{output}"
+    # Its server-side line splits the compute into input, infer and output, from the statistics' three steps.
+    server = re.search(r"compute input (\d+) usec \+ compute infer (\d+) usec \+ compute output (\d+) usec", output)
+    assert server, output
+    (stats,) = client.get_inference_statistics("digits").model_stats
+    steps = stats.inference_stats
+    assert steps.compute_input.ns > 0 and steps.compute_infer.ns > 0 and steps.compute_output.ns > 0, steps
+    print(f"perf_analyzer, server side: {server.group(0)}")

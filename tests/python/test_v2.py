@@ -65,8 +65,22 @@ def test_model_metadata_config_and_ready(client, model):
     assert (config["backend"], config["platform"]) == (
         ("candle", "candle") if model.endswith("candle") else ("onnxruntime", "onnxruntime_onnx"))
     assert config["max_batch_size"] == 64
-    assert config["input"] == [{"name": "input", "data_type": f"TYPE_{dtype}", "dims": [64]}]
-    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+    assert config["input"] == [{"name": "input", "data_type": f"TYPE_{dtype}", "format": "FORMAT_NONE", "dims": [64],
+                                "is_shape_tensor": False, "allow_ragged_batch": False, "optional": False}]
+    assert config["output"] == [{"name": "logits", "data_type": f"TYPE_{dtype}", "dims": [10], "label_filename": "",
+                                 "is_shape_tensor": False}]
+    # Every key of Triton's configuration, so that code written against Triton's answer finds each.
+    assert set(config) == {"name", "platform", "backend", "runtime", "version_policy", "max_batch_size", "input",
+                           "output", "batch_input", "batch_output", "optimization", "dynamic_batching",
+                           "instance_group", "default_model_filename", "cc_model_filenames", "metric_tags",
+                           "parameters", "model_warmup"}
+    assert config["version_policy"] == {"latest": {"num_versions": 1}}
+    assert config["optimization"]["priority"] == "PRIORITY_DEFAULT"
+    assert config["dynamic_batching"]["default_queue_policy"]["timeout_action"] == "REJECT"
+    (group,) = config["instance_group"]
+    assert (group["name"], group["kind"], group["count"], group["gpus"]) == (model, "KIND_CPU", 1, [])
+    assert config["default_model_filename"] == ("model.safetensors" if model.endswith("candle") else "model.onnx")
+    assert config["parameters"]["device"] == {"string_value": "cpu"}
 
 
 def test_model_names_may_arrive_url_quoted(server_url):
@@ -183,6 +197,17 @@ def test_statistics_grow_with_each_request(client):
     queue, success = after["inference_stats"]["queue"], after["inference_stats"]["success"]
     assert queue["count"] == before["inference_stats"]["queue"]["count"] + 1
     assert success["count"] == before["inference_stats"]["success"]["count"] + 1 and success["ns"] > 0
+    # The engine run's three steps, each request counting its batch's: joining inputs, running, splitting outputs.
+    for step in ("compute_input", "compute_infer", "compute_output"):
+        grown = after["inference_stats"][step]
+        assert grown["count"] == before["inference_stats"][step]["count"] + 1 and grown["ns"] > 0, (step, grown)
+    # By batch size: the run of 5 rows is among them.
+    sizes = {b["batch_size"]: b for b in after["batch_stats"]}
+    assert sizes[5]["compute_infer"]["count"] >= 1 and sizes[5]["compute_infer"]["ns"] > 0, sizes
+    assert [b["batch_size"] for b in after["batch_stats"]] == sorted(sizes)
+    (memory,) = after["memory_usage"]
+    assert memory["type"] == "CPU" and memory["byte_size"] > 0, memory
+    assert after["response_stats"] == {} and after["inference_stats"]["cache_hit"] == {"count": 0, "ns": 0}
     names = {s["name"] for s in client.get_inference_statistics()["model_stats"]}
     assert {"digits", "digits-candle"} <= names
     with pytest.raises(InferenceServerException) as e:

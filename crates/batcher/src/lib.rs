@@ -27,7 +27,9 @@ use inferd_core::{BatchingConfig, Engine, ModelMetadata, Tensor};
 use crate::queue::Queue;
 use crate::worker::Worker;
 
-pub use crate::request::{BatchError, BatchObserver, InferRequest, InferResponse, Inputs, NoObserver, Pieces};
+pub use crate::request::{
+    BatchError, BatchObserver, BatchRun, InferRequest, InferResponse, Inputs, NoObserver, Pieces,
+};
 
 /// What every part knows of the model, fixed at start.
 pub(crate) struct Model {

@@ -132,10 +132,8 @@ pub trait BatchObserver: Send + Sync {
     }
     /// A request's batch starts, after `queue_time` in the queue: once for each piece of a split request.
     fn request_started(&self, queue_time: Duration);
-    /// One engine run of `rows` rows on worker `worker` (the model's instance, from 0) took `compute_time`; `ok` is
-    /// false when the engine failed or panicked, or its outputs did not fit the model. Called once per run, also for
-    /// the reruns that isolate a failure.
-    fn batch_done(&self, worker: usize, rows: usize, compute_time: Duration, ok: bool);
+    /// One engine run ended. Called once per run, also for the reruns that isolate a failure.
+    fn batch_done(&self, run: &BatchRun);
     /// A request (or a piece of a split one) of `rows` rows was answered, `elapsed` after it was queued: with
     /// its outputs when `ok`, else with its engine's error. Nothing by default.
     fn request_answered(&self, rows: usize, elapsed: Duration, ok: bool) {
@@ -151,6 +149,32 @@ pub trait BatchObserver: Send + Sync {
     fn worker_idle(&self) {}
 }
 
+/// One engine run, as its observer hears of it: who ran what, and how long each step took (Triton's compute input,
+/// infer and output).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchRun {
+    /// The worker that ran it: the model's instance, from 0.
+    pub worker: usize,
+    /// The requests (or pieces of split ones) in the batch, and their rows.
+    pub requests: usize,
+    pub rows: usize,
+    /// Joining the requests' inputs into the batch's (a batch of one request takes its inputs as they are).
+    pub input: Duration,
+    /// The engine's run.
+    pub infer: Duration,
+    /// Checking the engine's outputs against the model and splitting them into the requests'.
+    pub output: Duration,
+    /// False when the engine failed or panicked, or its outputs did not fit the model.
+    pub ok: bool,
+}
+
+impl BatchRun {
+    /// The three steps together.
+    pub fn compute_time(&self) -> Duration {
+        self.input + self.infer + self.output
+    }
+}
+
 /// An observer for callers that count nothing.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoObserver;
@@ -158,5 +182,5 @@ pub struct NoObserver;
 impl BatchObserver for NoObserver {
     fn request_started(&self, _queue_time: Duration) {}
 
-    fn batch_done(&self, _worker: usize, _rows: usize, _compute_time: Duration, _ok: bool) {}
+    fn batch_done(&self, _run: &BatchRun) {}
 }

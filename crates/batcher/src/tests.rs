@@ -8,7 +8,7 @@ use inferd_core::{BatchingConfig, DataType, Engine, ModelMetadata, Precision, Te
 use tokio::sync::{mpsc, watch};
 
 use crate::admission::piece_rows;
-use crate::{BatchError, BatchObserver, Batcher, InferRequest, InferResponse};
+use crate::{BatchError, BatchObserver, BatchRun, Batcher, InferRequest, InferResponse};
 
 mod counts;
 mod worker;
@@ -118,8 +118,8 @@ impl BatchObserver for Observed {
         *self.started.lock().expect("observed") += 1;
     }
 
-    fn batch_done(&self, _worker: usize, rows: usize, _compute_time: Duration, ok: bool) {
-        self.batches.lock().expect("observed").push((rows, ok));
+    fn batch_done(&self, run: &BatchRun) {
+        self.batches.lock().expect("observed").push((run.rows, run.ok));
     }
 
     fn tokens_batched(&self, real: usize, padded: usize) {

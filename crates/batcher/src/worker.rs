@@ -1,6 +1,7 @@
 //! The worker threads: each owns one engine and runs the batches the queue cuts for it, isolating the requests
 //! that make a batch fail, and checks and splits the engine's outputs back into the requests' answers.
 
+use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,7 +10,7 @@ use inferd_core::text::Contract;
 use inferd_core::{DataType, Engine, Tensor};
 
 use crate::queue::{drop_dead_requests, Next, Pending, Queue};
-use crate::request::{BatchError, BatchObserver, InferResponse};
+use crate::request::{BatchError, BatchObserver, BatchRun, InferResponse};
 
 /// One worker; everything here is owned by its thread.
 pub(crate) struct Worker {
@@ -138,7 +139,6 @@ impl Worker {
 
     /// One engine run over the batch's joined inputs, reported to the observer; returns each request's outputs.
     fn execute(&mut self, batch: &[Pending]) -> Result<Vec<Vec<Tensor>>, BatchError> {
-        let started = Instant::now();
         let counts: Vec<usize> = batch.iter().map(|p| p.rows).collect();
         let rows: usize = counts.iter().sum();
         let sequences = self.queue.model.sequences;
@@ -154,16 +154,24 @@ impl Worker {
             None => run_engine(&mut *engine, |e| e.run(inputs)),
             Some(c) => run_engine(&mut *engine, |e| e.run_text(c, inputs).map(|t| vec![t])),
         };
-        let result = match batch {
-            [one] => run(&one.inputs),
-            _ => concat_inputs(batch, sequences).and_then(|inputs| run(&inputs)),
+        let started = Instant::now();
+        let inputs = match batch {
+            [one] => Ok(Cow::Borrowed(one.inputs.as_slice())),
+            _ => concat_inputs(batch, sequences).map(Cow::Owned),
         };
-        let compute_time = started.elapsed();
+        let input = started.elapsed();
+        let started = Instant::now();
+        let result = inputs.and_then(|inputs| run(&inputs));
+        let infer = started.elapsed();
+        let started = Instant::now();
         let result = result.and_then(|outputs| match contract {
             None => self.split_outputs(outputs, rows, &counts),
             Some(c) => split_contract(outputs, c, self.width_of(c), rows, &counts),
         });
-        self.observer.batch_done(self.index, rows, compute_time, result.is_ok());
+        let output = started.elapsed();
+        let ok = result.is_ok();
+        let run = BatchRun { worker: self.index, requests: batch.len(), rows, input, infer, output, ok };
+        self.observer.batch_done(&run);
         result
     }
 

@@ -2,12 +2,12 @@
 //! global (two servers in one process keep their figures apart); every series registered at start-up, so that it
 //! reads zero before the first request instead of being missing.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use inferd_batcher::BatchObserver;
+use inferd_batcher::{BatchObserver, BatchRun};
 use inferd_models::ModelMemory;
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
@@ -396,8 +396,25 @@ pub struct BatchCounts {
     /// Requests answered with their engine's error, and their time from queue to answer in all.
     pub failed: AtomicU64,
     pub failed_ns: AtomicU64,
+    /// Requests (or pieces) in engine runs that succeeded, and their runs' steps, each request counting its whole
+    /// run as Triton counts them: joining the inputs, the engine's run, splitting the outputs.
+    pub computed: AtomicU64,
+    pub compute_input_ns: AtomicU64,
+    pub compute_infer_ns: AtomicU64,
+    pub compute_output_ns: AtomicU64,
+    /// The successful runs by their rows: how many, and their steps' time in all.
+    pub by_batch_size: Mutex<BTreeMap<usize, SizeCounts>>,
     /// When the last request was answered, in milliseconds since the Unix epoch; 0 before the first.
     pub last_answer_ms: AtomicU64,
+}
+
+/// A batch size's engine runs: how many, and their steps' nanoseconds in all.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SizeCounts {
+    pub runs: u64,
+    pub input_ns: u64,
+    pub infer_ns: u64,
+    pub output_ns: u64,
 }
 
 /// Nanoseconds of `d`, saturated.
@@ -436,18 +453,33 @@ impl BatchObserver for BatchMetrics {
         c.last_answer_ms.store(u64::try_from(now.as_millis()).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
-    fn batch_done(&self, worker: usize, rows: usize, compute_time: Duration, ok: bool) {
-        if let Some(busy) = self.busy.get(worker) {
+    fn batch_done(&self, run: &BatchRun) {
+        let compute_time = run.compute_time();
+        if let Some(busy) = self.busy.get(run.worker) {
             busy.record(compute_time.as_secs_f64());
         }
-        self.counts.batches.fetch_add(1, Ordering::Relaxed);
-        self.counts.compute_ns.fetch_add(nanos(compute_time), Ordering::Relaxed);
-        self.counts.rows.fetch_add(rows as u64, Ordering::Relaxed);
-        self.rows.record(rows as f64);
+        let c = &self.counts;
+        c.batches.fetch_add(1, Ordering::Relaxed);
+        c.compute_ns.fetch_add(nanos(compute_time), Ordering::Relaxed);
+        c.rows.fetch_add(run.rows as u64, Ordering::Relaxed);
+        self.rows.record(run.rows as f64);
         self.compute.record(compute_time.as_secs_f64());
-        if !ok {
+        if !run.ok {
             self.failures.increment(1);
+            return;
         }
+        let requests = run.requests as u64;
+        let (input, infer, output) = (nanos(run.input), nanos(run.infer), nanos(run.output));
+        c.computed.fetch_add(requests, Ordering::Relaxed);
+        c.compute_input_ns.fetch_add(input.saturating_mul(requests), Ordering::Relaxed);
+        c.compute_infer_ns.fetch_add(infer.saturating_mul(requests), Ordering::Relaxed);
+        c.compute_output_ns.fetch_add(output.saturating_mul(requests), Ordering::Relaxed);
+        let mut sizes = c.by_batch_size.lock().unwrap_or_else(PoisonError::into_inner);
+        let size = sizes.entry(run.rows).or_default();
+        size.runs += 1;
+        size.input_ns = size.input_ns.saturating_add(input);
+        size.infer_ns = size.infer_ns.saturating_add(infer);
+        size.output_ns = size.output_ns.saturating_add(output);
     }
 
     fn tokens_batched(&self, real: usize, padded: usize) {

@@ -44,10 +44,11 @@ fn a_model_that_stops_holding_memory_reports_none_rather_than_its_last_figures()
 fn each_worker_reports_its_busy_time() {
     let metrics = Metrics::new(&["m"]);
     let batches = metrics.batch_metrics("m", 2);
-    batches.batch_done(1, 8, Duration::from_millis(250), true);
-    batches.batch_done(1, 8, Duration::from_millis(500), false);
-    batches.batch_done(0, 1, Duration::from_millis(100), true);
-    batches.batch_done(7, 1, Duration::from_secs(9), true);
+    let run = |worker, rows, infer, ok| BatchRun { worker, requests: 1, rows, infer, ok, ..BatchRun::default() };
+    batches.batch_done(&run(1, 8, Duration::from_millis(250), true));
+    batches.batch_done(&run(1, 8, Duration::from_millis(500), false));
+    batches.batch_done(&run(0, 1, Duration::from_millis(100), true));
+    batches.batch_done(&run(7, 1, Duration::from_secs(9), true));
     metrics.upkeep();
     let text = metrics.render([], &[]);
     let sum = |instance: &str| {

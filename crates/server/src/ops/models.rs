@@ -2,14 +2,17 @@
 //! wire types (their home is the codec's `v2::models`): the v2 routes serialise them as they are, the gRPC service
 //! converts them.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 
-use inferd_core::TensorSpec;
+use inferd_core::{Labels, ModelConfig, OutputConfig, TensorSpec, VersionPolicy};
 
 use crate::codec::v2::models::{
-    config_type, ConfigParameters, DynamicBatching, InferStats, InstanceGroup, ModelStats, QueuePolicy, StatDuration,
-    TritonModelConfig, TritonTensorConfig, V2ModelMetadata, V2ServerMetadata, V2TensorMetadata, V2TextParameters,
+    config_type, BatchStats, DynamicBatching, Enable, InferStats, InstanceGroup, MemoryUsage, ModelStats, Optimization,
+    ParameterValue, QueuePolicy, StatDuration, TritonInputConfig, TritonModelConfig, TritonOutputConfig,
+    V2ModelMetadata, V2ServerMetadata, V2TensorMetadata, V2TextParameters, VersionPolicyConfig, WarmupConfig,
+    WarmupInputConfig,
 };
 use crate::error::AppError;
 use crate::registry::ModelEntry;
@@ -63,39 +66,122 @@ pub fn model_config(model: &ModelEntry) -> Result<TritonModelConfig, AppError> {
     let loaded = model.serving()?;
     let meta = loaded.metadata();
     let batching = &loaded.batching;
-    let tensors = |specs: &[TensorSpec], inputs: bool| {
-        let dims = |s: &TensorSpec| if batching.max_batch_size > 0 { s.row_dims().to_vec() } else { s.shape.clone() };
-        specs
-            .iter()
-            .map(|s| TritonTensorConfig {
-                name: s.name.clone(),
-                data_type: config_type(s.datatype),
-                dims: dims(s),
-                optional: inputs.then_some(s.optional),
-            })
-            .collect()
+    let config = &model.config;
+    let batched = batching.max_batch_size > 0;
+    let dims = |s: &TensorSpec| if batched { s.row_dims().to_vec() } else { s.shape.clone() };
+    let input = meta.inputs.iter().map(|s| TritonInputConfig {
+        name: s.name.clone(),
+        data_type: config_type(s.datatype),
+        format: "FORMAT_NONE",
+        dims: dims(s),
+        is_shape_tensor: false,
+        allow_ragged_batch: false,
+        optional: s.optional,
+    });
+    let labels = |name: &str| match config.postprocess.iter().find(|(output, _)| output == name) {
+        Some((_, OutputConfig { labels: Some(Labels::File(path)), .. })) => file_name(path),
+        _ => String::new(),
     };
+    let output = meta.outputs.iter().map(|s| TritonOutputConfig {
+        name: s.name.clone(),
+        data_type: config_type(s.datatype),
+        dims: dims(s),
+        label_filename: labels(&s.name),
+        is_shape_tensor: false,
+    });
+    let queue_policy = |max_queue_size| QueuePolicy {
+        timeout_action: "REJECT",
+        default_timeout_microseconds: batching.timeout_ms.saturating_mul(1000),
+        allow_timeout_override: true,
+        max_queue_size,
+    };
+    let unpinned = || Enable { enable: false };
+    let gpu = meta.device.strip_prefix("cuda:").and_then(|n| n.parse::<i64>().ok());
+    let parameter = |value: String| ParameterValue { string_value: value };
     Ok(TritonModelConfig {
         name: model.name().to_owned(),
         platform: meta.platform,
-        backend: model.config.backend.triton_name(),
+        backend: config.backend.triton_name(),
+        runtime: "",
+        version_policy: match &config.version_policy {
+            VersionPolicy::Latest(n) => VersionPolicyConfig::Latest { num_versions: *n as u64 },
+            VersionPolicy::All => VersionPolicyConfig::All {},
+            VersionPolicy::Specific(versions) => VersionPolicyConfig::Specific { versions: versions.clone() },
+        },
         max_batch_size: batching.max_batch_size,
-        input: tensors(&meta.inputs, true),
-        output: tensors(&meta.outputs, false),
+        input: input.collect(),
+        output: output.collect(),
+        batch_input: Vec::new(),
+        batch_output: Vec::new(),
+        optimization: Optimization {
+            priority: "PRIORITY_DEFAULT",
+            input_pinned_memory: unpinned(),
+            output_pinned_memory: unpinned(),
+            gather_kernel_buffer_threshold: 0,
+            eager_batching: false,
+        },
         dynamic_batching: DynamicBatching {
-            max_queue_delay_microseconds: batching.max_queue_delay_us,
             preferred_batch_size: batching.preferred_batch_sizes.clone(),
-            default_queue_policy: QueuePolicy {
-                max_queue_size: batching.max_queue_size,
-                default_timeout_microseconds: batching.timeout_ms.saturating_mul(1000),
-            },
+            max_queue_delay_microseconds: batching.max_queue_delay_us,
+            preserve_ordering: false,
+            priority_levels: 0,
+            default_priority_level: 0,
+            default_queue_policy: queue_policy(batching.max_queue_size),
+            priority_queue_policy: BTreeMap::new(),
         },
         instance_group: vec![InstanceGroup {
-            count: model.config.instances,
+            name: model.name().to_owned(),
             kind: if meta.on_gpu() { "KIND_GPU" } else { "KIND_CPU" },
+            count: config.instances,
+            gpus: gpu.into_iter().collect(),
+            secondary_devices: Vec::new(),
+            profile: Vec::new(),
+            passive: false,
+            host_policy: String::new(),
         }],
-        parameters: ConfigParameters { device: meta.device.clone(), precision: meta.precision.as_str() },
+        default_model_filename: file_name(&config.file),
+        cc_model_filenames: BTreeMap::new(),
+        metric_tags: BTreeMap::new(),
+        parameters: BTreeMap::from([
+            ("device", parameter(meta.device.clone())),
+            ("precision", parameter(meta.precision.as_str().to_owned())),
+        ]),
+        model_warmup: warmup_config(config, &loaded.engine_metadata().inputs, batched),
     })
+}
+
+/// A path's last part, for Triton's file-name fields.
+fn file_name(path: &std::path::Path) -> String {
+    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// The warm-up run `[warmup.inputs]` describes, in Triton's terms, of the engine's `inputs`; none where the model
+/// warms with zeros of its own shapes (or not at all).
+fn warmup_config(config: &ModelConfig, inputs: &[TensorSpec], batched: bool) -> Vec<WarmupConfig> {
+    let warmup = &config.warmup;
+    if warmup.skip || warmup.inputs.is_empty() {
+        return Vec::new();
+    }
+    let batch_size = match batched {
+        true => warmup.inputs.values().next().and_then(|i| i.shape.first()).copied().unwrap_or(1) as u64,
+        false => 1,
+    };
+    let described = warmup
+        .inputs
+        .iter()
+        .map(|(name, input)| {
+            let dims = input.shape.iter().skip(usize::from(batched)).map(|&d| d as i64).collect();
+            let datatype = inputs.iter().find(|s| &s.name == name).map(|s| s.datatype);
+            let config = WarmupInputConfig {
+                data_type: datatype.map(config_type).unwrap_or_default(),
+                dims,
+                zero_data: input.file.is_none().then_some(true),
+                input_data_file: input.file.as_deref().map(file_name),
+            };
+            (name.clone(), config)
+        })
+        .collect();
+    vec![WarmupConfig { name: "warmup".into(), batch_size, inputs: described, count: 1 }]
 }
 
 /// The statistics of `versions`, in order.
@@ -124,18 +210,41 @@ fn model_stats(model: &ModelEntry) -> ModelStats {
         ModelStats { name: model.name().to_owned(), version: model.version().to_string(), ..ModelStats::default() };
     let Some(c) = model.counts() else { return stats };
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let batches = get(&c.batches);
     stats.last_inference = get(&c.last_answer_ms);
     stats.inference_count = get(&c.succeeded_rows);
-    stats.execution_count = batches;
+    stats.execution_count = get(&c.batches);
+    // The engine's own copies (onto a GPU, into ONNX Runtime's values) are inside its run: compute input and output
+    // are the batch's joining and splitting around it.
+    let computed = get(&c.computed);
     stats.inference_stats = InferStats {
         success: StatDuration { count: get(&c.succeeded), ns: get(&c.succeeded_ns) },
         fail: StatDuration { count: get(&c.failed), ns: get(&c.failed_ns) },
         queue: StatDuration { count: get(&c.started), ns: get(&c.queue_ns) },
-        // The engine's run is one step: its inputs' preparation and outputs' extraction are inside it.
-        compute_input: StatDuration { count: batches, ns: 0 },
-        compute_infer: StatDuration { count: batches, ns: get(&c.compute_ns) },
-        compute_output: StatDuration { count: batches, ns: 0 },
+        compute_input: StatDuration { count: computed, ns: get(&c.compute_input_ns) },
+        compute_infer: StatDuration { count: computed, ns: get(&c.compute_infer_ns) },
+        compute_output: StatDuration { count: computed, ns: get(&c.compute_output_ns) },
+        ..InferStats::default()
     };
+    let sizes = c.by_batch_size.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    stats.batch_stats = sizes
+        .into_iter()
+        .map(|(size, s)| BatchStats {
+            batch_size: size as u64,
+            compute_input: StatDuration { count: s.runs, ns: s.input_ns },
+            compute_infer: StatDuration { count: s.runs, ns: s.infer_ns },
+            compute_output: StatDuration { count: s.runs, ns: s.output_ns },
+        })
+        .collect();
+    if let Some(loaded) = model.loaded() {
+        let memory = loaded.memory;
+        let meta = loaded.engine_metadata();
+        let gpu = meta.device.strip_prefix("cuda:").and_then(|n| n.parse::<i64>().ok());
+        stats.memory_usage = match (memory.device_bytes, memory.weight_bytes, gpu) {
+            (Some(bytes), _, Some(id)) => vec![MemoryUsage { kind: "GPU", id, byte_size: bytes }],
+            (_, Some(bytes), Some(id)) => vec![MemoryUsage { kind: "GPU", id, byte_size: bytes }],
+            (_, Some(bytes), None) => vec![MemoryUsage { kind: "CPU", id: 0, byte_size: bytes }],
+            _ => Vec::new(),
+        };
+    }
     stats
 }
