@@ -110,7 +110,8 @@ def test_server_and_model_rpcs(server, client):
     # The same extensions on both protocols, as Triton lists them; every one of them served.
     over_http = httpclient.InferenceServerClient(server[0]).get_server_metadata()["extensions"]
     assert list(meta.extensions) == over_http
-    assert set(over_http) == {"binary_tensor_data", "model_repository", "model_configuration", "statistics"}
+    assert set(over_http) == {"binary_tensor_data", "classification", "model_repository", "model_configuration",
+                              "statistics"}
     assert client.is_model_ready("digits")
     assert client.is_model_ready("digits", model_version="1")
     # A model or version the server does not have is not ready, as Triton answers, rather than an error.
