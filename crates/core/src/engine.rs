@@ -1,6 +1,6 @@
 //! The synchronous `Engine` trait every backend implements, and what an engine says about its model.
 
-use crate::config::{Precision, TensorSpec};
+use crate::config::{DeviceSpec, Precision, TensorSpec};
 use crate::error::Result;
 use crate::tensor::Tensor;
 use crate::text::{Contract, TextInfo};
@@ -51,6 +51,14 @@ impl ModelMetadata {
 
     pub fn on_gpu(&self) -> bool {
         self.device.starts_with("cuda")
+    }
+
+    /// The index of the GPU it runs on (`cuda:N`), read as `model.toml`'s `device` is; none on the CPU.
+    pub fn gpu(&self) -> Option<usize> {
+        match self.device.parse() {
+            Ok(DeviceSpec::Cuda(n)) => Some(n),
+            _ => None,
+        }
     }
 }
 

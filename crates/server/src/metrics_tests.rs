@@ -1,3 +1,5 @@
+use inferd_batcher::{BatchObserver, BatchRun};
+
 use super::*;
 
 /// The `_count` of `model`'s request-duration histogram over `/predict`, from the exposition text.

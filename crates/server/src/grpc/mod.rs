@@ -9,6 +9,7 @@
 //! streams open on it finish.
 
 mod health;
+mod messages;
 mod service;
 
 use std::convert::Infallible;

@@ -97,7 +97,6 @@ pub fn model_config(model: &ModelEntry) -> Result<TritonModelConfig, AppError> {
         max_queue_size,
     };
     let unpinned = || Enable { enable: false };
-    let gpu = meta.device.strip_prefix("cuda:").and_then(|n| n.parse::<i64>().ok());
     let parameter = |value: String| ParameterValue { string_value: value };
     Ok(TritonModelConfig {
         name: model.name().to_owned(),
@@ -134,7 +133,7 @@ pub fn model_config(model: &ModelEntry) -> Result<TritonModelConfig, AppError> {
             name: model.name().to_owned(),
             kind: if meta.on_gpu() { "KIND_GPU" } else { "KIND_CPU" },
             count: config.instances,
-            gpus: gpu.into_iter().collect(),
+            gpus: meta.gpu().into_iter().map(|n| n as i64).collect(),
             secondary_devices: Vec::new(),
             profile: Vec::new(),
             passive: false,
@@ -237,14 +236,12 @@ fn model_stats(model: &ModelEntry) -> ModelStats {
         })
         .collect();
     if let Some(loaded) = model.loaded() {
-        let memory = loaded.memory;
-        let meta = loaded.engine_metadata();
-        let gpu = meta.device.strip_prefix("cuda:").and_then(|n| n.parse::<i64>().ok());
-        stats.memory_usage = match (memory.device_bytes, memory.weight_bytes, gpu) {
-            (Some(bytes), _, Some(id)) => vec![MemoryUsage { kind: "GPU", id, byte_size: bytes }],
-            (_, Some(bytes), Some(id)) => vec![MemoryUsage { kind: "GPU", id, byte_size: bytes }],
-            (_, Some(bytes), None) => vec![MemoryUsage { kind: "CPU", id: 0, byte_size: bytes }],
-            _ => Vec::new(),
+        // On a GPU, what the device lost while the model loaded, else its weights by the engines' account.
+        let bytes = loaded.memory.device_bytes.or(loaded.memory.weight_bytes);
+        stats.memory_usage = match (bytes, loaded.engine_metadata().gpu()) {
+            (Some(byte_size), Some(n)) => vec![MemoryUsage { kind: "GPU", id: n as i64, byte_size }],
+            (Some(byte_size), None) => vec![MemoryUsage { kind: "CPU", id: 0, byte_size }],
+            (None, _) => Vec::new(),
         };
     }
     stats
