@@ -90,7 +90,9 @@ pub fn copy_model(repo: &Path, name: &str, from: &Path, edit: impl FnOnce(String
     }
 }
 
-/// Copies a file, or a folder and everything in it (a text model's `1_Pooling/`).
+/// Copies a file, or a folder and everything in it (a text model's `1_Pooling/`). A file is hard-linked where it can
+/// be (the weights of a test's repository are read, never written: `add_to_tensor` replaces the file it changes), so
+/// that tests running side by side hold one copy of each model on disk, not one each.
 fn copy_tree(from: &Path, to: &Path) {
     if from.is_dir() {
         std::fs::create_dir_all(to).expect("mkdir");
@@ -98,7 +100,7 @@ fn copy_tree(from: &Path, to: &Path) {
             let path = entry.expect("entry").path();
             copy_tree(&path, &to.join(path.file_name().expect("a file name")));
         }
-    } else {
+    } else if std::fs::hard_link(from, to).is_err() {
         std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
     }
 }
@@ -428,7 +430,7 @@ pub fn row_body(first: f32) -> String {
     serde_json::json!({ "input": [row] }).to_string()
 }
 
-/// Adds `delta` to every element of the FP32 tensor `name` in the safetensors file `file`, in place: a model whose
+/// Adds `delta` to every element of the FP32 tensor `name` in the safetensors file `file`: a model whose
 /// outputs differ from the original's by a known amount (through a bias, say).
 pub fn add_to_tensor(file: &Path, name: &str, delta: f32) {
     let mut bytes = std::fs::read(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
@@ -441,5 +443,9 @@ pub fn add_to_tensor(file: &Path, name: &str, delta: f32) {
         let value = f32::from_le_bytes(chunk.try_into().expect("4 bytes")) + delta;
         chunk.copy_from_slice(&value.to_le_bytes());
     }
-    std::fs::write(file, bytes).expect("write the weights");
+    // A new file renamed over the old one: the old may be a hard link to a bundled model's weights (`copy_tree`),
+    // and a server reloading sees either file whole.
+    let new = file.with_extension("new");
+    std::fs::write(&new, bytes).expect("write the weights");
+    std::fs::rename(&new, file).expect("replace the weights");
 }
