@@ -16,6 +16,7 @@ cd "$(dirname "$0")/.."
 PA_VERSION=2.60.0
 PA_WHEEL=perf_analyzer-$PA_VERSION-py3-none-manylinux_2_38_x86_64.whl
 PA_SHA256=23ef56b107ae9233e5cf09fbdf508dd9b936a52f1bae2f63f53c8117087b3f25
+CUDART_VERSION=13.0.96
 DEBIAN_SUITE=trixie
 DEBIAN_PACKAGES="libc6 libstdc++6 libgcc-s1 libssl3t64 libzstd1 zlib1g"
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
@@ -62,6 +63,10 @@ with zipfile.ZipFile(wheel) as z:
     target.write_bytes(z.read("perf_analyzer/bin/perf_analyzer"))
 target.chmod(0o755)
 PY
+# perf_analyzer opens libcudart.so whenever --shared-memory is given, `system` too (it calls nothing in it then):
+# the CUDA runtime from NVIDIA's wheel on PyPI (2 MB), the one scripts/cuda-toolkit.sh installs, beside the libraries.
+python3 -m pip download --quiet --disable-pip-version-check --no-cache-dir --no-deps --only-binary=:all: \
+    --dest "$WORK/wheel" "nvidia-cuda-runtime==$CUDART_VERSION"
 
 # Debian trixie's libraries, through apt on a configuration of its own: APT_CONFIG is read first, and it points the
 # machine-wide parts (/etc/apt/apt.conf.d, sources, preferences) at an empty folder.
@@ -98,6 +103,13 @@ rm -rf "$apt" "$WORK/sysroot/usr/share"
 echo "perf-analyzer $PA_VERSION (PyPI, $PA_WHEEL)" >> "$WORK/VERSIONS"
 lib=$WORK/sysroot/usr/lib/x86_64-linux-gnu
 [ -x "$lib/ld-linux-x86-64.so.2" ] || { echo "fetch-perf-analyzer: no loader in $DEBIAN_SUITE's libc6" >&2; exit 1; }
+python3 - "$WORK"/wheel/nvidia_cuda_runtime-"$CUDART_VERSION"-*.whl "$lib/libcudart.so" <<'PY'
+import pathlib, sys, zipfile
+wheel, target = sys.argv[1], pathlib.Path(sys.argv[2])
+with zipfile.ZipFile(wheel) as z:
+    target.write_bytes(z.read("nvidia/cu13/lib/libcudart.so.13"))
+PY
+echo "nvidia-cuda-runtime $CUDART_VERSION (PyPI): libcudart.so" >> "$WORK/VERSIONS"
 
 # The wrapper: trixie's loader, its libraries first on the search path (dlopen'ed NSS modules included), and its
 # own iconv modules. perf_analyzer has no --help (it rejects it with exit 99 and prints its usage only when -m is

@@ -67,7 +67,15 @@ fn binary_decode(c: &mut Criterion) {
         let mut body = header.clone().into_bytes();
         body.extend_from_slice(&data);
         c.bench_function(&format!("decode_infer_binary/{rows}x{cols}_fp32"), |b| {
-            b.iter(|| inferd_codec::v2::decode_infer(black_box(&body), Some(header.len()), &meta, &Limits::NONE))
+            b.iter(|| {
+                inferd_codec::v2::decode_infer(
+                    black_box(&body),
+                    Some(header.len()),
+                    &meta,
+                    &Limits::NONE,
+                    &inferd_codec::shm::NoRegions,
+                )
+            })
         });
     }
 }

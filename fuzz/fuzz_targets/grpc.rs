@@ -12,7 +12,7 @@ mod common;
 fuzz_target!(|data: &[u8]| {
     let Ok(request) = ModelInferRequest::decode(data) else { return };
     for meta in common::models() {
-        if let Ok(call) = inferd_codec::grpc::decode_infer(request.clone(), &meta, &common::LIMITS) {
+        if let Ok(call) = inferd_codec::grpc::decode_infer(request.clone(), &meta, &common::LIMITS, &inferd_codec::shm::NoRegions) {
             common::check(&call.inputs, &meta);
             assert!(call.outputs.iter().all(|&i| i < meta.outputs.len()), "an output the model has not");
         }

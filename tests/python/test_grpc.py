@@ -111,7 +111,7 @@ def test_server_and_model_rpcs(server, client):
     over_http = httpclient.InferenceServerClient(server[0]).get_server_metadata()["extensions"]
     assert list(meta.extensions) == over_http
     assert set(over_http) == {"binary_tensor_data", "classification", "model_repository", "model_configuration",
-                              "statistics"}
+                              "system_shared_memory", "statistics"}
     assert client.is_model_ready("digits")
     assert client.is_model_ready("digits", model_version="1")
     # A model or version the server does not have is not ready, as Triton answers, rather than an error.

@@ -4,12 +4,14 @@
 //! `raw_input_contents` (what Triton's clients send) or typed `contents`; FP16 and BF16 have no typed field, so
 //! they come raw only.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use inferd_core::{DataType, ModelMetadata, Tensor, TensorSpec};
 
-use super::v2::{binary_form, decode_binary_strings, InputHead};
-use super::{given_inputs, names, quoted, shape_text, CodecError, Limits};
+use super::shm::{Regions, Span, SpanParameters, BYTE_SIZE_PARAMETER, OFFSET_PARAMETER, REGION_PARAMETER};
+use super::v2::{binary_form, decode_owned, write_to, InputHead};
+use super::{given_inputs, names, quoted, CodecError, Limits, Wanted};
 
 /// The messages and the service's types, generated from `proto/inference.proto`.
 #[allow(clippy::all, missing_docs)]
@@ -36,8 +38,8 @@ pub struct GrpcCall {
     pub id: String,
     /// In the model's input order; `None` for an optional input left out.
     pub inputs: Vec<Option<Tensor>>,
-    /// The outputs to answer with, in the order asked: indices into the model's outputs.
-    pub outputs: Vec<usize>,
+    /// The outputs to answer with, in the order asked.
+    pub outputs: Vec<Wanted>,
     /// Triton's classification extension: (output index, k) for each output asked as its top k classes.
     pub classification: Vec<(usize, usize)>,
     pub timeout: Option<Duration>,
@@ -45,17 +47,24 @@ pub struct GrpcCall {
     pub dimensions: Option<usize>,
 }
 
-/// Decodes `request` for the model `meta` describes, within `limits`. Takes the request by value so that raw
-/// input bytes become tensors without a copy. Parameters other than the timeout and `dimensions` (Triton's `priority`,
-/// `binary_data_output`, `triton_enable_empty_final_response`, ...) are accepted and ignored, as over HTTP.
-pub fn decode_infer(request: ModelInferRequest, meta: &ModelMetadata, limits: &Limits) -> Result<GrpcCall, CodecError> {
+/// Decodes `request` for the model `meta` describes, within `limits`, with inputs and outputs in shared memory in
+/// `regions`. Takes the request by value so that raw input bytes become tensors without a copy. Parameters other
+/// than the timeout and `dimensions` (Triton's `priority`, `binary_data_output`,
+/// `triton_enable_empty_final_response`, ...) are accepted and ignored, as over HTTP.
+pub fn decode_infer(
+    request: ModelInferRequest,
+    meta: &ModelMetadata,
+    limits: &Limits,
+    regions: &dyn Regions,
+) -> Result<GrpcCall, CodecError> {
     let invalid = |m: String| CodecError::Invalid(m);
     let ModelInferRequest { id, parameters, inputs, outputs, raw_input_contents, .. } = request;
-    let raw = !raw_input_contents.is_empty();
-    if raw && raw_input_contents.len() != inputs.len() {
+    // An input in shared memory has no raw contents: the others have one each, in order.
+    let sent = inputs.iter().filter(|i| !i.parameters.contains_key(REGION_PARAMETER)).count();
+    if !raw_input_contents.is_empty() && raw_input_contents.len() != sent {
         return Err(invalid(format!(
-            "the request has {} inputs but {} raw_input_contents: give one per input, in the same order",
-            inputs.len(),
+            "the request has {sent} inputs outside shared memory but {} raw_input_contents: give one per such input, \
+             in the same order",
             raw_input_contents.len()
         )));
     }
@@ -69,13 +78,15 @@ pub fn decode_infer(request: ModelInferRequest, meta: &ModelMetadata, limits: &L
         if decoded[slot].is_some() {
             return Err(invalid(format!("input `{}` is given twice", quoted(&input.name))));
         }
-        let raw = raw_contents.next();
-        let (tensor, count) = decode_input(input, raw, &meta.inputs[slot], limits, elements)?;
+        let what = format!("input `{}`", quoted(&input.name));
+        let span = Span::of(span_parameters(&input.parameters, &what)?, regions, &what)?;
+        let raw = if span.is_some() { None } else { raw_contents.next() };
+        let (tensor, count) = decode_input(input, raw, span, &meta.inputs[slot], limits, elements)?;
         decoded[slot] = Some(tensor);
         elements = count;
     }
     let inputs = given_inputs(decoded, &meta.inputs)?;
-    let mut chosen: Vec<usize> = Vec::with_capacity(outputs.len().min(meta.outputs.len()));
+    let mut chosen: Vec<Wanted> = Vec::with_capacity(outputs.len().min(meta.outputs.len()));
     let mut classification = Vec::new();
     for o in &outputs {
         let name = quoted(&o.name);
@@ -83,7 +94,7 @@ pub fn decode_infer(request: ModelInferRequest, meta: &ModelMetadata, limits: &L
             meta.outputs.iter().position(|s| s.name == o.name).ok_or_else(|| {
                 invalid(format!("unexpected output `{name}`: the model gives {}", names(&meta.outputs)))
             })?;
-        if chosen.contains(&i) {
+        if chosen.iter().any(|w| w.index == i) {
             return Err(invalid(format!("output `{name}` is asked for twice")));
         }
         if let Some(k) = o.parameters.get(CLASSIFICATION_PARAMETER) {
@@ -98,10 +109,12 @@ pub fn decode_infer(request: ModelInferRequest, meta: &ModelMetadata, limits: &L
             };
             classification.push((i, k));
         }
-        chosen.push(i);
+        let what = format!("output `{name}`");
+        let memory = Span::of(span_parameters(&o.parameters, &what)?, regions, &what)?;
+        chosen.push(Wanted { index: i, binary: true, memory });
     }
     if outputs.is_empty() {
-        chosen = (0..meta.outputs.len()).collect();
+        chosen = (0..meta.outputs.len()).map(|index| Wanted { index, binary: true, memory: None }).collect();
     }
     let timeout = parameters.get(TIMEOUT_PARAMETER).map(microseconds).transpose()?.map(Duration::from_micros);
     let dimensions = match parameters.get(DIMENSIONS_PARAMETER).map(|p| &p.parameter_choice) {
@@ -117,6 +130,31 @@ pub fn decode_infer(request: ModelInferRequest, meta: &ModelMetadata, limits: &L
     Ok(GrpcCall { id, inputs, outputs: chosen, classification, timeout, dimensions })
 }
 
+/// A tensor's shared-memory parameters, of the types Triton's clients send (a string, and integers).
+fn span_parameters<'a>(
+    parameters: &'a HashMap<String, InferParameter>,
+    what: &str,
+) -> Result<SpanParameters<'a>, CodecError> {
+    let count = |key: &str| match parameters.get(key).map(|p| &p.parameter_choice) {
+        None => Ok(None),
+        Some(Some(ParameterChoice::Int64Param(v))) if *v >= 0 => Ok(Some(*v as u64)),
+        Some(Some(ParameterChoice::Uint64Param(v))) => Ok(Some(*v)),
+        Some(_) => {
+            Err(CodecError::Invalid(format!("{what}: parameter `{key}` must be a non-negative integer (bytes)")))
+        }
+    };
+    let region = match parameters.get(REGION_PARAMETER).map(|p| &p.parameter_choice) {
+        None => None,
+        Some(Some(ParameterChoice::StringParam(name))) => Some(name.as_str()),
+        Some(_) => {
+            return Err(CodecError::Invalid(format!(
+                "{what}: parameter `{REGION_PARAMETER}` must be a string, the region's name"
+            )))
+        }
+    };
+    Ok(SpanParameters { region, byte_size: count(BYTE_SIZE_PARAMETER)?, offset: count(OFFSET_PARAMETER)? })
+}
+
 /// A parameter that holds a count of microseconds.
 fn microseconds(parameter: &InferParameter) -> Result<u64, CodecError> {
     match parameter.parameter_choice {
@@ -128,11 +166,12 @@ fn microseconds(parameter: &InferParameter) -> Result<u64, CodecError> {
     }
 }
 
-/// Decodes one input from its raw bytes, or else its typed contents. Returns the tensor and the request's
-/// elements so far, `elements_before` included.
+/// Decodes one input from its span of shared memory, its raw bytes, or else its typed contents. Returns the tensor
+/// and the request's elements so far, `elements_before` included.
 fn decode_input(
     input: InferInputTensor,
     raw: Option<Vec<u8>>,
+    span: Option<Span>,
     spec: &TensorSpec,
     limits: &Limits,
     elements_before: usize,
@@ -144,25 +183,22 @@ fn decode_input(
     if datatype != spec.datatype {
         return Err(invalid(format!("the model takes {}, got {datatype}", spec.datatype)));
     }
+    if let Some(span) = span {
+        if input.contents.is_some() {
+            return Err(invalid("it is in shared memory, and has typed contents too".into()));
+        }
+        let bytes = span.read().map_err(invalid)?;
+        let tensor = decode_owned(datatype, shape, count, bytes, "its shared_memory_byte_size is").map_err(invalid)?;
+        return Ok((tensor, elements));
+    }
     let tensor = match (raw, input.contents) {
-        (Some(bytes), None) => decode_raw(datatype, shape, count, bytes),
+        (Some(bytes), None) => decode_owned(datatype, shape, count, bytes, "its raw contents are"),
         (None, Some(contents)) => decode_contents(datatype, shape, count, contents),
         (Some(_), Some(_)) => Err("it has typed contents, and the request raw_input_contents too".to_owned()),
         (None, None) => Err("it has no contents, and the request no raw_input_contents".to_owned()),
     }
     .map_err(invalid)?;
     Ok((tensor, elements))
-}
-
-/// A tensor from its raw bytes: little-endian elements, or BYTES elements each after a 4-byte length.
-fn decode_raw(datatype: DataType, shape: Vec<usize>, count: usize, bytes: Vec<u8>) -> Result<Tensor, String> {
-    let Some(size) = datatype.size() else { return decode_binary_strings(shape, count, &bytes) };
-    let shown = shape_text(&shape);
-    let expected = count.checked_mul(size).ok_or_else(|| format!("shape {shown} is too large"))?;
-    if bytes.len() != expected {
-        return Err(format!("its raw contents are {} bytes, but {datatype} {shown} needs {expected}", bytes.len()));
-    }
-    Tensor::new(datatype, shape, bytes).map_err(|e| e.to_string())
 }
 
 /// A tensor from the typed field of its data type.
@@ -228,14 +264,16 @@ fn little_endian<T, const N: usize>(
     Ok(bytes)
 }
 
-/// Encodes an answer: each selected output's name, data type and shape, and its bytes in `raw_output_contents`.
+/// Encodes an answer: each selected output's name, data type and shape, and its bytes in `raw_output_contents`,
+/// or, asked in shared memory, written there (its `raw_output_contents` entry empty, so that the others keep
+/// their places; no parameters, as over HTTP).
 pub fn encode_infer(
     model: &str,
     version: u64,
     id: String,
     meta: &ModelMetadata,
     outputs: &[Tensor],
-    selection: &[usize],
+    selection: &[Wanted],
 ) -> Result<ModelInferResponse, CodecError> {
     let mut response = ModelInferResponse {
         model_name: model.to_owned(),
@@ -245,13 +283,15 @@ pub fn encode_infer(
         raw_output_contents: Vec::with_capacity(selection.len()),
         ..ModelInferResponse::default()
     };
-    for &i in selection {
-        let (t, spec) = outputs
-            .get(i)
-            .zip(meta.outputs.get(i))
-            .ok_or_else(|| CodecError::Encode(format!("the engine returned no output {i}")))?;
-        let mut bytes = Vec::with_capacity(t.raw_bytes().map_or(0, <[u8]>::len));
-        binary_form(t, &mut bytes);
+    for wanted in selection {
+        let (t, spec) = wanted.of(outputs, meta)?;
+        let mut bytes = Vec::new();
+        if let Some(span) = &wanted.memory {
+            write_to(span, t, &spec.name)?;
+        } else {
+            bytes.reserve(t.raw_bytes().map_or(0, <[u8]>::len));
+            binary_form(t, &mut bytes);
+        }
         response.outputs.push(InferOutputTensor {
             name: spec.name.clone(),
             datatype: t.dtype().as_str().to_owned(),

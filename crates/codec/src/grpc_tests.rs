@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use super::proto::model_infer_request::InferRequestedOutputTensor;
 use super::*;
-use crate::v2::tests::meta;
+use crate::shm::NoRegions;
+use crate::v2::tests::{chosen, meta, wanted};
 
 fn input(name: &str, datatype: &str, shape: &[i64], contents: Option<InferTensorContents>) -> InferInputTensor {
     InferInputTensor {
@@ -40,24 +41,24 @@ fn request(raw: bool) -> ModelInferRequest {
 }
 
 fn error(request: ModelInferRequest) -> String {
-    decode_infer(request, &meta(), &Limits::NONE).expect_err("refused").to_string()
+    decode_infer(request, &meta(), &Limits::NONE, &NoRegions).expect_err("refused").to_string()
 }
 
 #[test]
 fn raw_and_typed_inputs_decode_alike_in_the_models_order() {
-    let raw = decode_infer(request(true), &meta(), &Limits::NONE).expect("raw decodes");
-    let typed = decode_infer(request(false), &meta(), &Limits::NONE).expect("typed decodes");
+    let raw = decode_infer(request(true), &meta(), &Limits::NONE, &NoRegions).expect("raw decodes");
+    let typed = decode_infer(request(false), &meta(), &Limits::NONE, &NoRegions).expect("typed decodes");
     assert_eq!(raw.inputs, typed.inputs);
     assert_eq!(raw.inputs[0].as_ref().expect("given").to_vec::<f32>().expect("fp32"), vec![1.0, 2.0, 3.0, 4.0]);
     assert_eq!(raw.inputs[1].as_ref().expect("given").byte_strings().expect("bytes"), [b"hello".to_vec(), Vec::new()]);
-    assert_eq!((raw.id.as_str(), raw.outputs.as_slice(), raw.timeout), ("r1", &[0, 1][..], None));
+    assert_eq!((raw.id.as_str(), chosen(&raw.outputs), raw.timeout), ("r1", vec![(0, true), (1, true)], None));
 }
 
 #[test]
 fn the_requests_mistakes_are_named() {
     let mut r = request(true);
     r.raw_input_contents.pop();
-    assert!(error(r).contains("2 inputs but 1 raw_input_contents"));
+    assert!(error(r).contains("2 inputs outside shared memory but 1 raw_input_contents"));
     let mut r = request(true);
     r.raw_input_contents[1].pop();
     assert!(
@@ -104,23 +105,23 @@ fn typed_integers_must_fit_their_type_and_fp16_comes_raw() {
     let ints = |v: Vec<i32>| InferTensorContents { int_contents: v, ..Default::default() };
     let r =
         ModelInferRequest { inputs: vec![input("i", "INT8", &[2], Some(ints(vec![1, 300])))], ..Default::default() };
-    let e = decode_infer(r, &m, &Limits::NONE).expect_err("300 is no INT8").to_string();
+    let e = decode_infer(r, &m, &Limits::NONE, &NoRegions).expect_err("300 is no INT8").to_string();
     assert!(e.contains("int_contents element 1 is out of its data type's range"), "{e}");
     m.inputs[0].datatype = DataType::Fp16;
     let r = ModelInferRequest { inputs: vec![input("i", "FP16", &[1], Some(ints(vec![1])))], ..Default::default() };
-    let e = decode_infer(r, &m, &Limits::NONE).expect_err("no typed FP16").to_string();
+    let e = decode_infer(r, &m, &Limits::NONE, &NoRegions).expect_err("no typed FP16").to_string();
     assert!(e.contains("send it in raw_input_contents"), "{e}");
 }
 
 #[test]
 fn limits_refuse_before_decoding_and_parameters_are_read() {
     let limits = Limits { max_elements: 5, ..Limits::NONE };
-    let e = decode_infer(request(true), &meta(), &limits).expect_err("6 elements of 5");
+    let e = decode_infer(request(true), &meta(), &limits, &NoRegions).expect_err("6 elements of 5");
     assert!(matches!(e, CodecError::OverLimit(_)), "{e}");
     // A shape far larger than the bytes sent is refused by the limit, before anything is allocated for it.
     let mut r = request(true);
     r.inputs[1].shape = vec![1 << 40, 2];
-    let e = decode_infer(r, &meta(), &Limits { max_rows: 64, ..Limits::NONE }).expect_err("rows over");
+    let e = decode_infer(r, &meta(), &Limits { max_rows: 64, ..Limits::NONE }, &NoRegions).expect_err("rows over");
     assert!(matches!(e, CodecError::OverLimit(_)), "{e}");
     let mut r = request(true);
     for (key, value) in [
@@ -131,21 +132,22 @@ fn limits_refuse_before_decoding_and_parameters_are_read() {
         r.parameters.insert(key.into(), InferParameter { parameter_choice: Some(value) });
     }
     r.outputs = vec![InferRequestedOutputTensor { name: "n".into(), parameters: HashMap::new() }];
-    let call = decode_infer(r, &meta(), &Limits::NONE).expect("decodes");
-    assert_eq!((call.timeout, call.outputs), (Some(Duration::from_micros(1500)), vec![1]));
+    let call = decode_infer(r, &meta(), &Limits::NONE, &NoRegions).expect("decodes");
+    assert_eq!((call.timeout, chosen(&call.outputs)), (Some(Duration::from_micros(1500)), vec![(1, true)]));
 }
 
 #[test]
 fn answers_carry_one_raw_entry_per_selected_output() {
     let y = Tensor::from_slice(vec![1, 2], &[inferd_core::half::f16::from_f32(0.5); 2]).expect("y");
     let n = Tensor::from_slice(vec![1], &[7i64]).expect("n");
-    let response = encode_infer("m", 3, "r1".into(), &meta(), &[y, n], &[1, 0]).expect("encodes");
+    let response =
+        encode_infer("m", 3, "r1".into(), &meta(), &[y, n], &wanted(&[(1, true), (0, true)])).expect("encodes");
     assert_eq!((response.model_name.as_str(), response.model_version.as_str(), response.id.as_str()), ("m", "3", "r1"));
     let names: Vec<_> =
         response.outputs.iter().map(|o| (o.name.as_str(), o.datatype.as_str(), o.shape.clone())).collect();
     assert_eq!(names, [("n", "INT64", vec![1]), ("y", "FP16", vec![1, 2])]);
     assert_eq!(response.raw_output_contents[0], 7i64.to_le_bytes());
     assert_eq!(response.raw_output_contents[1].len(), 4);
-    let e = encode_infer("m", 1, String::new(), &meta(), &[], &[0]).expect_err("no outputs");
+    let e = encode_infer("m", 1, String::new(), &meta(), &[], &wanted(&[(0, true)])).expect_err("no outputs");
     assert!(matches!(e, CodecError::Encode(_)), "{e}");
 }

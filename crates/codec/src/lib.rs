@@ -6,11 +6,38 @@ mod elements;
 pub mod grpc;
 pub mod json;
 pub mod predict;
+pub mod shm;
 pub mod v2;
 
 use std::fmt;
 
-use inferd_core::{Tensor, TensorSpec};
+use inferd_core::{ModelMetadata, Tensor, TensorSpec};
+
+/// An output a request asks for: which, and where its bytes go.
+#[derive(Debug, Clone)]
+pub struct Wanted {
+    /// Its index among the model's outputs.
+    pub index: usize,
+    /// In binary after the answer's JSON part (HTTP), where not in shared memory.
+    pub binary: bool,
+    /// Written to this span of a registered region, not the answer.
+    pub memory: Option<shm::Span>,
+}
+
+impl Wanted {
+    /// The output among the engine's `outputs`, and its spec.
+    fn of<'a>(
+        &self,
+        outputs: &'a [Tensor],
+        meta: &'a ModelMetadata,
+    ) -> Result<(&'a Tensor, &'a TensorSpec), CodecError> {
+        let i = self.index;
+        outputs
+            .get(i)
+            .zip(meta.outputs.get(i))
+            .ok_or_else(|| CodecError::Encode(format!("the engine returned no output {i}")))
+    }
+}
 
 /// Why a body could not be decoded, or an answer encoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

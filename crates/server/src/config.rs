@@ -153,6 +153,12 @@ pub struct ServeConfig {
     #[arg(long, env = "INFERD_ALLOW_NON_FINITE")]
     pub allow_non_finite: bool,
 
+    /// Let clients register system shared-memory regions (Triton's extension: `/v2/systemsharedmemory`), for
+    /// inputs and outputs that never cross a socket. Off by default: a registered key reaches any POSIX
+    /// shared-memory object this server's user may open, so turn it on for a gateway on the same host you trust.
+    #[arg(long, env = "INFERD_ALLOW_CLIENT_SHM")]
+    pub allow_client_shm: bool,
+
     /// Seconds that in-flight requests get to finish after SIGTERM/SIGINT.
     #[arg(long, env = "INFERD_DRAIN_TIMEOUT", default_value_t = 30.0, value_name = "SECONDS")]
     pub drain_timeout: f64,

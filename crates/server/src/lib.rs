@@ -23,6 +23,7 @@ pub mod ops;
 pub mod registry;
 pub mod request;
 pub mod routes;
+pub mod shm;
 pub mod socket;
 pub mod state;
 #[cfg(test)]

@@ -61,6 +61,10 @@ pub mod names {
     pub const MODEL_WEIGHTS: &str = "inferd_model_weight_bytes";
     /// GPU memory a model's load and warm-up took (its versions' together), by `model`; GPU models only.
     pub const MODEL_DEVICE_MEMORY: &str = "inferd_model_device_memory_bytes";
+    /// System shared-memory regions that clients registered.
+    pub const SHARED_MEMORY_REGIONS: &str = "inferd_shared_memory_regions";
+    /// Their bytes, all together.
+    pub const SHARED_MEMORY_BYTES: &str = "inferd_shared_memory_bytes";
 }
 
 /// The protocol an inference request came in: the `protocol` label. Known from the route that served it.
@@ -192,6 +196,8 @@ impl Metrics {
         describe(names::RESIDENT_MEMORY, Some(Unit::Bytes), "Resident memory of the inferd process.");
         describe(names::MODEL_WEIGHTS, Some(Unit::Bytes), "A model's weights as its engines hold them.");
         describe(names::MODEL_DEVICE_MEMORY, Some(Unit::Bytes), "GPU memory a model's load and warm-up took.");
+        describe(names::SHARED_MEMORY_REGIONS, None, "System shared-memory regions that clients registered.");
+        describe(names::SHARED_MEMORY_BYTES, Some(Unit::Bytes), "The registered shared-memory regions' bytes.");
     }
 
     fn counter(&self, name: &'static str, labels: Vec<Label>) -> Counter {
@@ -295,6 +301,12 @@ impl Metrics {
             padded_tokens: self.counter(names::BATCH_PADDED_TOKENS, m()),
             counts: BatchCounts::default(),
         })
+    }
+
+    /// The registered shared-memory regions: how many, and their bytes together.
+    pub fn shared_memory(&self, regions: usize, bytes: u64) {
+        self.gauge(names::SHARED_MEMORY_REGIONS, vec![]).set(regions as f64);
+        self.gauge(names::SHARED_MEMORY_BYTES, vec![]).set(bytes as f64);
     }
 
     /// The exposition text, with the gauges read now: queue depths, readiness, the GPU snapshot, resident memory.

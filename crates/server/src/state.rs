@@ -19,6 +19,7 @@ use crate::gpu::{GpuInfo, GpuMonitor};
 use crate::metrics::Metrics;
 use crate::registry::readiness::{self, Assessment, ReadinessPolicy, StallWatch};
 use crate::registry::{ModelEntry, Registry};
+use crate::shm::SharedMemory;
 
 /// The app's state. Cheap to clone: one `Arc`.
 #[derive(Clone)]
@@ -50,6 +51,8 @@ struct ServerState {
     cors_allow_origin: Vec<String>,
     /// Vertex AI's prediction and health routes, where its environment names them.
     vertex_routes: (Option<String>, Option<String>),
+    /// The system shared-memory regions clients registered.
+    shared_memory: Arc<SharedMemory>,
 }
 
 impl AppState {
@@ -69,7 +72,7 @@ impl AppState {
             readiness: ReadinessPolicy { strict: config.strict_readiness, require_gpu: config.require_gpu },
             stalls: StallWatch::new(config.stall_timeout()),
             gpu,
-            metrics,
+            metrics: metrics.clone(),
             drain: Arc::new(Drain::new(config.drain_delay(), config.drain_timeout())),
             allow_non_finite: config.allow_non_finite,
             max_body_bytes: config.max_body_bytes,
@@ -84,6 +87,7 @@ impl AppState {
             protect_metrics: config.protect_metrics,
             cors_allow_origin: config.cors_allow_origin.clone(),
             vertex_routes: (config.aip_predict_route.clone(), config.aip_health_route.clone()),
+            shared_memory: Arc::new(SharedMemory::new(config.allow_client_shm, metrics.clone())),
         })))
     }
 
@@ -114,6 +118,10 @@ impl AppState {
 
     pub fn metrics(&self) -> &Metrics {
         &self.0.metrics
+    }
+
+    pub fn shared_memory(&self) -> &Arc<SharedMemory> {
+        &self.0.shared_memory
     }
 
     pub fn drain(&self) -> &Arc<Drain> {

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::json::{decode_flat, FlatJson};
-use super::{check_json_depth, given_inputs, names, quoted, shape_text, CodecError, Limits};
+use super::shm::{Regions, Span, SpanParameters};
+use super::{check_json_depth, given_inputs, names, quoted, shape_text, CodecError, Limits, Wanted};
 
 /// The header that gives the length of a body's JSON part when binary tensors follow it.
 pub const JSON_LENGTH_HEADER: &str = "inference-header-content-length";
@@ -59,6 +60,22 @@ pub struct V2Input<'a> {
 pub struct V2InputParameters {
     /// The input's bytes follow the JSON part (after those of the inputs before it).
     pub binary_data_size: Option<u64>,
+    /// Triton's shared-memory extension: the input's bytes are in this registered region.
+    pub shared_memory_region: Option<String>,
+    /// Its bytes in the region.
+    pub shared_memory_byte_size: Option<u64>,
+    /// Where in the region they start; 0 when absent.
+    pub shared_memory_offset: Option<u64>,
+}
+
+impl V2InputParameters {
+    fn span(&self) -> SpanParameters<'_> {
+        SpanParameters {
+            region: self.shared_memory_region.as_deref(),
+            byte_size: self.shared_memory_byte_size,
+            offset: self.shared_memory_offset,
+        }
+    }
 }
 
 /// An output asked for by name.
@@ -76,6 +93,12 @@ pub struct V2OutputParameters {
     /// Triton's classification extension: this output as its best `classification` classes, each a
     /// `"score:index:label"` string (`BYTES`).
     pub classification: Option<u64>,
+    /// Triton's shared-memory extension: the output's bytes go to this registered region, not the answer.
+    pub shared_memory_region: Option<String>,
+    /// The bytes the output may take in the region.
+    pub shared_memory_byte_size: Option<u64>,
+    /// Where in the region it starts; 0 when absent.
+    pub shared_memory_offset: Option<u64>,
 }
 
 /// A decoded v2 inference request.
@@ -84,8 +107,8 @@ pub struct V2Call {
     pub id: Option<String>,
     /// In the model's input order; `None` for an optional input left out.
     pub inputs: Vec<Option<Tensor>>,
-    /// The outputs to answer with, in the order asked: (index into the model's outputs, in binary?).
-    pub outputs: Vec<(usize, bool)>,
+    /// The outputs to answer with, in the order asked.
+    pub outputs: Vec<Wanted>,
     /// Triton's classification extension: (output index, k) for each output asked as its top k classes.
     pub classification: Vec<(usize, usize)>,
     pub timeout: Option<Duration>,
@@ -94,12 +117,13 @@ pub struct V2Call {
 }
 
 /// Decodes a v2 inference request body within `limits`; `json_length` is the `Inference-Header-Content-Length`
-/// header, if any.
+/// header, if any. Inputs and outputs in shared memory are in `regions`.
 pub fn decode_infer(
     body: &[u8],
     json_length: Option<usize>,
     meta: &ModelMetadata,
     limits: &Limits,
+    regions: &dyn Regions,
 ) -> Result<V2Call, CodecError> {
     let invalid = |m: String| CodecError::Invalid(m);
     let json_len = json_length.unwrap_or(body.len());
@@ -123,7 +147,7 @@ pub fn decode_infer(
         if decoded[slot].is_some() {
             return Err(invalid(format!("input `{}` is given twice", input.name)));
         }
-        let (tensor, count) = decode_input(input, &meta.inputs[slot], &mut binary, limits, elements)?;
+        let (tensor, count) = decode_input(input, &meta.inputs[slot], &mut binary, limits, elements, regions)?;
         decoded[slot] = Some(tensor);
         elements = count;
     }
@@ -134,15 +158,15 @@ pub fn decode_infer(
     let default_binary = request.parameters.binary_data_output;
     let mut classification = Vec::new();
     let outputs = match &request.outputs {
-        None => (0..meta.outputs.len()).map(|i| (i, default_binary)).collect(),
+        None => (0..meta.outputs.len()).map(|index| Wanted { index, binary: default_binary, memory: None }).collect(),
         Some(asked) => {
-            let mut chosen: Vec<(usize, bool)> = Vec::with_capacity(asked.len().min(meta.outputs.len()));
+            let mut chosen: Vec<Wanted> = Vec::with_capacity(asked.len().min(meta.outputs.len()));
             for o in asked {
                 let name = quoted(&o.name);
                 let i = meta.outputs.iter().position(|s| s.name == o.name).ok_or_else(|| {
                     invalid(format!("unexpected output `{name}`: the model gives {}", names(&meta.outputs)))
                 })?;
-                if chosen.iter().any(|&(j, _)| j == i) {
+                if chosen.iter().any(|w| w.index == i) {
                     return Err(invalid(format!("output `{name}` is asked for twice")));
                 }
                 match o.parameters.classification {
@@ -152,7 +176,15 @@ pub fn decode_infer(
                     Some(k) => classification.push((i, usize::try_from(k).unwrap_or(usize::MAX))),
                     None => {}
                 }
-                chosen.push((i, o.parameters.binary_data.unwrap_or(default_binary)));
+                let p = &o.parameters;
+                let given = SpanParameters {
+                    region: p.shared_memory_region.as_deref(),
+                    byte_size: p.shared_memory_byte_size,
+                    offset: p.shared_memory_offset,
+                };
+                let memory = Span::of(given, regions, &format!("output `{name}`"))?;
+                let binary = memory.is_none() && p.binary_data.unwrap_or(default_binary);
+                chosen.push(Wanted { index: i, binary, memory });
             }
             chosen
         }
@@ -162,19 +194,31 @@ pub fn decode_infer(
     Ok(V2Call { id: request.id, inputs, outputs, classification, timeout, dimensions })
 }
 
-/// Decodes one input, taking its binary data (if any) from the front of `binary`. Returns the tensor and the
-/// request's elements so far, `elements_before` included.
+/// Decodes one input, taking its binary data (if any) from the front of `binary`, or its shared memory from
+/// `regions`. Returns the tensor and the request's elements so far, `elements_before` included.
 fn decode_input(
     input: &V2Input<'_>,
     spec: &TensorSpec,
     binary: &mut &[u8],
     limits: &Limits,
     elements_before: usize,
+    regions: &dyn Regions,
 ) -> Result<(Tensor, usize), CodecError> {
     let name = quoted(&input.name);
     let invalid = |m: String| CodecError::Invalid(format!("input `{name}`: {m}"));
     let InputHead { datatype, shape, count, elements } =
         InputHead::check(&input.name, &input.datatype, &input.shape, spec, limits, elements_before)?;
+    if let Some(span) = Span::of(input.parameters.span(), regions, &format!("input `{name}`"))? {
+        if input.parameters.binary_data_size.is_some() || input.data.is_some() {
+            return Err(invalid("it is in shared memory, and has `data` or binary_data_size too".into()));
+        }
+        if datatype != spec.datatype {
+            return Err(invalid(format!("the model takes {}, got {datatype}", spec.datatype)));
+        }
+        let bytes = span.read().map_err(invalid)?;
+        let tensor = decode_owned(datatype, shape, count, bytes, "its shared_memory_byte_size is").map_err(invalid)?;
+        return Ok((tensor, elements));
+    }
     let tensor = match (input.parameters.binary_data_size, input.data) {
         (Some(size), None) => {
             if datatype != spec.datatype {
@@ -246,13 +290,28 @@ impl InputHead {
 
 /// A tensor from its binary form: little-endian elements, or for BYTES a 4-byte length before each element.
 fn decode_binary(datatype: DataType, shape: Vec<usize>, count: usize, bytes: &[u8]) -> Result<Tensor, String> {
-    let Some(size) = datatype.size() else { return decode_binary_strings(shape, count, bytes) };
+    match datatype.size() {
+        Some(_) => decode_owned(datatype, shape, count, bytes.to_vec(), "binary_data_size is"),
+        None => decode_binary_strings(shape, count, bytes),
+    }
+}
+
+/// A tensor from its binary form, owned: fixed-size elements become the tensor without a copy. `given` says where
+/// the bytes came from, for a message (`binary_data_size is`).
+pub(crate) fn decode_owned(
+    datatype: DataType,
+    shape: Vec<usize>,
+    count: usize,
+    bytes: Vec<u8>,
+    given: &str,
+) -> Result<Tensor, String> {
+    let Some(size) = datatype.size() else { return decode_binary_strings(shape, count, &bytes) };
     let shown = shape_text(&shape);
     let expected = count.checked_mul(size).ok_or_else(|| format!("shape {shown} is too large"))?;
     if bytes.len() != expected {
-        return Err(format!("binary_data_size is {}, but {datatype} {shown} needs {expected} bytes", bytes.len()));
+        return Err(format!("{given} {} bytes, but {datatype} {shown} needs {expected} bytes", bytes.len()));
     }
-    Tensor::new(datatype, shape, bytes.to_vec()).map_err(|e| e.to_string())
+    Tensor::new(datatype, shape, bytes).map_err(|e| e.to_string())
 }
 
 /// A BYTES tensor from its binary form.
@@ -312,6 +371,20 @@ pub struct V2BinaryOutput {
     pub binary_data_size: usize,
 }
 
+/// Writes the output `t`, named `name`, in its binary form to `span`.
+pub(crate) fn write_to(span: &Span, t: &Tensor, name: &str) -> Result<(), CodecError> {
+    let written = match t.raw_bytes() {
+        Some(bytes) => span.write(bytes),
+        None => {
+            let mut bytes = Vec::new();
+            binary_form(t, &mut bytes);
+            span.write(&bytes)
+        }
+    };
+    // The client asked for a span too small: its error, found once the answer's size is known.
+    written.map_err(|m| CodecError::Invalid(format!("output `{}`: {m}", quoted(name))))
+}
+
 /// The binary form of a tensor (see [`decode_binary`]).
 pub(crate) fn binary_form(t: &Tensor, out: &mut Vec<u8>) {
     match (t.raw_bytes(), t.byte_strings()) {
@@ -326,40 +399,45 @@ pub(crate) fn binary_form(t: &Tensor, out: &mut Vec<u8>) {
     }
 }
 
-/// Encodes an answer: the JSON part, then the binary outputs in the JSON's order. Returns the body and, when
-/// binary outputs follow, the JSON part's length.
+/// Encodes an answer: the JSON part, then the binary outputs in the JSON's order; outputs asked in shared memory
+/// are written there. Returns the body and, when binary outputs follow, the JSON part's length.
 pub fn encode_infer(
     model: &str,
     version: u64,
     id: Option<&str>,
     meta: &ModelMetadata,
     outputs: &[Tensor],
-    selection: &[(usize, bool)],
+    selection: &[Wanted],
 ) -> Result<(Vec<u8>, Option<usize>), CodecError> {
     let mut binary = Vec::new();
     let mut json_outputs = Vec::with_capacity(selection.len());
-    for &(i, as_binary) in selection {
-        let (t, spec) = outputs
-            .get(i)
-            .zip(meta.outputs.get(i))
-            .ok_or_else(|| CodecError::Encode(format!("the engine returned no output {i}")))?;
-        let parameters = as_binary.then(|| {
-            let start = binary.len();
-            binary_form(t, &mut binary);
-            V2BinaryOutput { binary_data_size: binary.len() - start }
-        });
+    for wanted in selection {
+        let (t, spec) = wanted.of(outputs, meta)?;
+        // An output in shared memory is named, typed and shaped, with no `parameters`, as Triton answers it:
+        // Triton's C++ client reads `binary_data_size` from any output that has them.
+        let parameters = if let Some(span) = &wanted.memory {
+            write_to(span, t, &spec.name)?;
+            None
+        } else {
+            wanted.binary.then(|| {
+                let start = binary.len();
+                binary_form(t, &mut binary);
+                V2BinaryOutput { binary_data_size: binary.len() - start }
+            })
+        };
+        let in_data = !wanted.binary && wanted.memory.is_none();
         json_outputs.push(V2Output {
             name: &spec.name,
             datatype: t.dtype(),
             shape: t.shape(),
-            data: (!as_binary).then_some(FlatJson(t)),
+            data: in_data.then_some(FlatJson(t)),
             parameters,
         });
     }
     let response = V2InferResponse { model_name: model, model_version: version.to_string(), id, outputs: json_outputs };
     let mut body = serde_json::to_vec(&response).map_err(|e| CodecError::Encode(e.to_string()))?;
     let json_len = body.len();
-    let has_binary = selection.iter().any(|&(_, b)| b);
+    let has_binary = selection.iter().any(|w| w.binary);
     body.extend_from_slice(&binary);
     Ok((body, has_binary.then_some(json_len)))
 }

@@ -17,6 +17,7 @@ use utoipa::{Modify, OpenApi};
     tags(
         (name = "inference", description = "Predictions, batched dynamically per model"),
         (name = "kserve-v2", description = "KServe v2 / Open Inference Protocol"),
+        (name = "shared-memory", description = "Triton's shared-memory extension: tensors in regions a client on the same host registered"),
         (name = "health", description = "Probes for orchestrators; never need a key"),
         (name = "metrics", description = "Prometheus"),
     )

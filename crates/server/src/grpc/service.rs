@@ -13,16 +13,18 @@ use tokio::task::JoinSet;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::extensions;
 use super::messages::{model_config, model_statistics};
 use super::proto::grpc_inference_service_server::GrpcInferenceService;
 use super::{deadline_of, Deadline};
 use crate::budget::Hold;
 use crate::codec::grpc::proto::*;
 use crate::codec::grpc::{decode_infer, encode_infer};
+use crate::codec::shm;
 use crate::codec::v2::models as v2;
 use crate::error::{AppError, ErrorKind};
 use crate::metrics::Protocol;
-use crate::ops::infer::{classify_outputs, deadline_in, decode, encode, infer};
+use crate::ops::infer::{classify_outputs, deadline_in, decode, encode, infer, INLINE_WORK_BYTES};
 use crate::ops::models;
 use crate::ops::repository;
 use crate::registry::ModelEntry;
@@ -172,35 +174,60 @@ impl GrpcInferenceService for Inference {
         Ok(Response::new(RepositoryModelUnloadResponse {}))
     }
 
-    async fn system_shared_memory_status(&self, _: Request<Unsupported>) -> Answer<Unsupported> {
-        Err(unsupported("system shared memory: send tensors in the request"))
+    async fn system_shared_memory_status(
+        &self,
+        request: Request<SystemSharedMemoryStatusRequest>,
+    ) -> Answer<SystemSharedMemoryStatusResponse> {
+        Ok(Response::new(extensions::system_status(&self.state, request.into_inner())?))
     }
 
-    async fn system_shared_memory_register(&self, _: Request<Unsupported>) -> Answer<Unsupported> {
-        Err(unsupported("system shared memory: send tensors in the request"))
+    async fn system_shared_memory_register(
+        &self,
+        request: Request<SystemSharedMemoryRegisterRequest>,
+    ) -> Answer<SystemSharedMemoryRegisterResponse> {
+        let SystemSharedMemoryRegisterRequest { name, key, offset, byte_size } = request.into_inner();
+        self.state.shared_memory().register(name, key, offset, byte_size).await?;
+        Ok(Response::new(SystemSharedMemoryRegisterResponse {}))
     }
 
-    async fn system_shared_memory_unregister(&self, _: Request<Unsupported>) -> Answer<Unsupported> {
-        Err(unsupported("system shared memory: send tensors in the request"))
+    async fn system_shared_memory_unregister(
+        &self,
+        request: Request<SystemSharedMemoryUnregisterRequest>,
+    ) -> Answer<SystemSharedMemoryUnregisterResponse> {
+        let name = request.into_inner().name;
+        self.state.shared_memory().unregister((!name.is_empty()).then_some(name.as_str()));
+        Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
     }
 
-    async fn cuda_shared_memory_status(&self, _: Request<Unsupported>) -> Answer<Unsupported> {
-        Err(unsupported("CUDA shared memory: send tensors in the request"))
+    async fn cuda_shared_memory_status(
+        &self,
+        request: Request<CudaSharedMemoryStatusRequest>,
+    ) -> Answer<CudaSharedMemoryStatusResponse> {
+        match request.into_inner().name {
+            name if name.is_empty() => Ok(Response::new(CudaSharedMemoryStatusResponse::default())),
+            name => Err(crate::shm::not_registered(&name).into()),
+        }
     }
 
-    async fn cuda_shared_memory_register(&self, _: Request<Unsupported>) -> Answer<Unsupported> {
-        Err(unsupported("CUDA shared memory: send tensors in the request"))
+    async fn cuda_shared_memory_register(
+        &self,
+        _: Request<CudaSharedMemoryRegisterRequest>,
+    ) -> Answer<CudaSharedMemoryRegisterResponse> {
+        Err(AppError::bad_request(crate::routes::shm::NO_CUDA_SHARED_MEMORY).into())
     }
 
-    async fn cuda_shared_memory_unregister(&self, _: Request<Unsupported>) -> Answer<Unsupported> {
-        Err(unsupported("CUDA shared memory: send tensors in the request"))
+    async fn cuda_shared_memory_unregister(
+        &self,
+        _: Request<CudaSharedMemoryUnregisterRequest>,
+    ) -> Answer<CudaSharedMemoryUnregisterResponse> {
+        Ok(Response::new(CudaSharedMemoryUnregisterResponse {}))
     }
 
-    async fn trace_setting(&self, _: Request<Unsupported>) -> Answer<Unsupported> {
+    async fn trace_setting(&self, _: Request<TraceSettingRequest>) -> Answer<TraceSettingResponse> {
         Err(unsupported("trace settings: inferd logs with --log and --log-format"))
     }
 
-    async fn log_settings(&self, _: Request<Unsupported>) -> Answer<Unsupported> {
+    async fn log_settings(&self, _: Request<LogSettingsRequest>) -> Answer<LogSettingsResponse> {
         Err(unsupported("log settings: inferd logs with --log and --log-format"))
     }
 }
@@ -277,7 +304,11 @@ async fn infer_one(
         }
     };
     let limits = *state.limits();
-    let call = decode(&model, len, move |meta| decode_infer(request, meta, &limits)).await?;
+    let regions = state.shared_memory().clone();
+    // An input in shared memory is read by the decoder: a large one off the runtime, as a large body is.
+    let in_memory = request.inputs.iter().any(|i| i.parameters.contains_key(shm::REGION_PARAMETER));
+    let len = if in_memory { len.max(INLINE_WORK_BYTES + 1) } else { len };
+    let call = decode(&model, len, move |meta| decode_infer(request, meta, &limits, &*regions)).await?;
     let deadline = [call.timeout.and_then(deadline_in), deadline.map(|d| d.0)].into_iter().flatten().min();
     let request = InferRequest::new(Input::Tensors(call.inputs)).with_deadline(deadline);
     let request = crate::ops::text::with_dimensions(&model, request, call.dimensions)?;

@@ -20,8 +20,14 @@ use crate::state::AppState;
 
 /// The KServe v2 / Triton extensions the server serves, by Triton's names: the same list on HTTP and gRPC, as Triton
 /// gives it. perf_analyzer reads `statistics`, and then calls `ModelStatistics` around each measurement.
-pub const EXTENSIONS: &[&str] =
-    &["binary_tensor_data", "classification", "model_repository", "model_configuration", "statistics"];
+pub const EXTENSIONS: &[&str] = &[
+    "binary_tensor_data",
+    "classification",
+    "model_repository",
+    "model_configuration",
+    "system_shared_memory",
+    "statistics",
+];
 
 /// The server's metadata.
 pub fn server_metadata() -> V2ServerMetadata {

@@ -13,12 +13,13 @@ use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::codec::shm::REGION_PARAMETER;
 use crate::codec::v2::models::{
     TritonModelConfig, V2IndexEntry, V2IndexRequest, V2LoadRequest, V2ModelMetadata, V2ServerMetadata, V2Statistics,
 };
 use crate::codec::v2::{decode_infer, encode_infer, V2InferRequest, V2InferResponse, JSON_LENGTH_HEADER};
 use crate::error::{body_error, AppError, ErrorBody, InferErrors};
-use crate::ops::infer::{classify_outputs, deadline_in, decode, encode, infer};
+use crate::ops::infer::{classify_outputs, deadline_in, decode, encode, infer, INLINE_WORK_BYTES};
 use crate::ops::models;
 use crate::ops::repository;
 use crate::request::{InflightHold, RoutedModel};
@@ -231,7 +232,12 @@ async fn run_infer(
     let model = model?.serving(state.registry())?;
     let body = body.map_err(body_error)?;
     let limits = *state.limits();
-    let call = decode(&model, body.len(), move |meta| decode_infer(&body, json_length, meta, &limits)).await?;
+    let regions = state.shared_memory().clone();
+    // An input in shared memory is read by the decoder: a large one off the runtime, as a large body is.
+    let json = &body[..json_length.unwrap_or(body.len()).min(body.len())];
+    let in_memory = regions.in_use() && json.windows(REGION_PARAMETER.len()).any(|w| w == REGION_PARAMETER.as_bytes());
+    let len = if in_memory { body.len().max(INLINE_WORK_BYTES + 1) } else { body.len() };
+    let call = decode(&model, len, move |meta| decode_infer(&body, json_length, meta, &limits, &*regions)).await?;
     let request = Request::new(Input::Tensors(call.inputs)).with_deadline(call.timeout.and_then(deadline_in));
     let request = crate::ops::text::with_dimensions(&model, request, call.dimensions)?;
     let served = infer(state, &model, request, &hold).await?;

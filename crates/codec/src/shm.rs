@@ -1,0 +1,181 @@
+//! Triton's shared-memory parameters: an input read from, or an output written to, a span of a region that the
+//! client registered beforehand, named in the tensor's `shared_memory_region`, `shared_memory_byte_size` and
+//! `shared_memory_offset` parameters (the same three over HTTP and gRPC). The regions are the server's; the codec
+//! sees them through [`Regions`], and checks every span against its region before a byte moves.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::{quoted, CodecError};
+
+/// The parameter that names the registered region a tensor is in.
+pub const REGION_PARAMETER: &str = "shared_memory_region";
+/// The parameter that gives the tensor's size in bytes within its region.
+pub const BYTE_SIZE_PARAMETER: &str = "shared_memory_byte_size";
+/// The parameter that gives where in the region the tensor starts (0 when absent).
+pub const OFFSET_PARAMETER: &str = "shared_memory_offset";
+
+/// A registered region's memory: bytes that the client shares with the server.
+pub trait Region: Send + Sync {
+    /// Its bytes.
+    fn byte_size(&self) -> usize;
+    /// Fills `out` from `offset`, within the region (the caller checked the span).
+    fn read(&self, offset: usize, out: &mut [u8]) -> std::io::Result<()>;
+    /// Writes `bytes` at `offset`, within the region (the caller checked the span).
+    fn write(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()>;
+}
+
+/// The regions registered with the server, by name.
+pub trait Regions: Sync {
+    /// The region registered as `name`: the handle keeps it usable while held, unregistered or not.
+    fn region(&self, name: &str) -> Option<Arc<dyn Region>>;
+}
+
+/// No region at all: where shared memory is not in use.
+pub struct NoRegions;
+
+impl Regions for NoRegions {
+    fn region(&self, _: &str) -> Option<Arc<dyn Region>> {
+        None
+    }
+}
+
+/// A tensor's span of a registered region, checked against it.
+#[derive(Clone)]
+pub struct Span {
+    region: Arc<dyn Region>,
+    name: String,
+    offset: usize,
+    size: usize,
+}
+
+impl fmt::Debug for Span {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Span({}, {}+{})", self.name, self.offset, self.size)
+    }
+}
+
+/// The three parameters as a tensor gave them.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SpanParameters<'a> {
+    pub region: Option<&'a str>,
+    pub byte_size: Option<u64>,
+    pub offset: Option<u64>,
+}
+
+impl Span {
+    /// The span that `given` names, for the tensor `what` (`input "x"`, say): `None` where it names none. Refused
+    /// where only some of the parameters are given, the region is not registered, or the span runs past its end.
+    pub fn of(given: SpanParameters<'_>, regions: &dyn Regions, what: &str) -> Result<Option<Span>, CodecError> {
+        let invalid = |m: String| CodecError::Invalid(format!("{what}: {m}"));
+        let (name, size) = match (given.region, given.byte_size) {
+            (None, None) if given.offset.is_none() => return Ok(None),
+            (Some(name), Some(size)) => (name, size),
+            (Some(_), None) => return Err(invalid(format!("{REGION_PARAMETER} needs {BYTE_SIZE_PARAMETER} too"))),
+            (None, _) => {
+                return Err(invalid(format!(
+                    "{BYTE_SIZE_PARAMETER} and {OFFSET_PARAMETER} need {REGION_PARAMETER}, the region's name"
+                )))
+            }
+        };
+        let region = regions
+            .region(name)
+            .ok_or_else(|| invalid(format!("shared memory region `{}` is not registered", quoted(name))))?;
+        let offset = given.offset.unwrap_or(0);
+        let end = offset.checked_add(size).filter(|&end| end <= region.byte_size() as u64).ok_or_else(|| {
+            invalid(format!(
+                "bytes {offset} to {} run past the end of shared memory region `{}`, which holds {} bytes",
+                offset.saturating_add(size),
+                quoted(name),
+                region.byte_size()
+            ))
+        })?;
+        // Within the region's length, a usize.
+        let (offset, end) = (offset as usize, end as usize);
+        Ok(Some(Span { region, name: name.to_owned(), offset, size: end - offset }))
+    }
+
+    /// The region's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The span's bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// A copy of the span's bytes.
+    pub fn read(&self) -> Result<Vec<u8>, String> {
+        let mut bytes = vec![0; self.size];
+        self.region.read(self.offset, &mut bytes).map_err(|e| self.failed("reading", &e))?;
+        Ok(bytes)
+    }
+
+    /// Writes `bytes` at the span's start: refused where they do not fit it.
+    pub fn write(&self, bytes: &[u8]) -> Result<(), String> {
+        if bytes.len() > self.size {
+            return Err(format!(
+                "it needs {} bytes, but its span of shared memory region `{}` ({BYTE_SIZE_PARAMETER}) holds {}",
+                bytes.len(),
+                quoted(&self.name),
+                self.size
+            ));
+        }
+        self.region.write(self.offset, bytes).map_err(|e| self.failed("writing", &e))
+    }
+
+    fn failed(&self, doing: &str, e: &std::io::Error) -> String {
+        format!("{doing} shared memory region `{}`: {e}", quoted(&self.name))
+    }
+}
+
+/// Regions held in memory, by name: for tests and fuzzing, which need no operating-system shared memory.
+#[derive(Default)]
+pub struct MemoryRegions(pub Vec<(String, Arc<MemoryRegion>)>);
+
+/// One region held in memory.
+#[derive(Default)]
+pub struct MemoryRegion(pub std::sync::Mutex<Vec<u8>>);
+
+impl MemoryRegion {
+    pub fn new(bytes: Vec<u8>) -> Arc<MemoryRegion> {
+        Arc::new(MemoryRegion(std::sync::Mutex::new(bytes)))
+    }
+
+    pub fn bytes(&self) -> Vec<u8> {
+        self.0.lock().map(|b| b.clone()).unwrap_or_default()
+    }
+}
+
+impl Region for MemoryRegion {
+    fn byte_size(&self) -> usize {
+        self.0.lock().map(|b| b.len()).unwrap_or(0)
+    }
+
+    fn read(&self, offset: usize, out: &mut [u8]) -> std::io::Result<()> {
+        let bytes = self.0.lock().map_err(|_| std::io::Error::other("poisoned"))?;
+        out.copy_from_slice(&bytes[offset..offset + out.len()]);
+        Ok(())
+    }
+
+    fn write(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()> {
+        let mut held = self.0.lock().map_err(|_| std::io::Error::other("poisoned"))?;
+        held[offset..offset + bytes.len()].copy_from_slice(bytes);
+        Ok(())
+    }
+}
+
+impl Regions for MemoryRegions {
+    fn region(&self, name: &str) -> Option<Arc<dyn Region>> {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, r)| r.clone() as Arc<dyn Region>)
+    }
+}
+
+#[cfg(test)]
+#[path = "shm_tests.rs"]
+mod tests;

@@ -1,0 +1,225 @@
+//! Triton's system shared memory: regions that a client on the same host created (POSIX shared memory, under
+//! `/dev/shm`) and registered by name, which its requests then name for their inputs and outputs. A region's object
+//! is opened once, at registration, and read and written with `pread` and `pwrite`, never mapped: a client that
+//! shrinks or removes its object fails its own requests, where a mapping would fault the server. A region
+//! unregistered while requests use it stays open until the last of them lets go of it.
+//!
+//! Off unless the server is started with `--allow-client-shm`: a registered key reaches any shared-memory object the
+//! server's user may open, so it is for a gateway on the same host that the operator trusts.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use inferd_codec::quoted;
+use inferd_codec::shm::{Region, Regions};
+use rustix::fs::{Mode, OFlags};
+
+use crate::error::AppError;
+use crate::metrics::Metrics;
+
+/// Where Linux keeps POSIX shared-memory objects: `shm_open("/name")` opens `/dev/shm/name`.
+pub const SHM_DIR: &str = "/dev/shm";
+
+/// The registered regions, by name.
+pub struct SharedMemory {
+    allowed: bool,
+    regions: Mutex<BTreeMap<String, Arc<SystemRegion>>>,
+    metrics: Arc<Metrics>,
+}
+
+/// A registered region: `byte_size` bytes at `offset` in the object `key`.
+pub struct SystemRegion {
+    pub key: String,
+    pub offset: u64,
+    pub byte_size: u64,
+    file: std::fs::File,
+}
+
+/// A region as the status calls show it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct RegionStatus {
+    pub name: String,
+    pub key: String,
+    pub offset: u64,
+    pub byte_size: u64,
+}
+
+impl SharedMemory {
+    /// No regions yet; registering refused unless `allowed`.
+    pub fn new(allowed: bool, metrics: Arc<Metrics>) -> SharedMemory {
+        let memory = SharedMemory { allowed, regions: Mutex::default(), metrics };
+        memory.count();
+        memory
+    }
+
+    fn regions(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<SystemRegion>>> {
+        self.regions.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether any region is registered: requests name none otherwise.
+    pub fn in_use(&self) -> bool {
+        !self.regions().is_empty()
+    }
+
+    /// Registers `byte_size` bytes at `offset` in the object `key` as region `name`. Opens the object: off the async
+    /// runtime.
+    pub async fn register(
+        self: &Arc<Self>,
+        name: String,
+        key: String,
+        offset: u64,
+        byte_size: u64,
+    ) -> Result<(), AppError> {
+        if !self.allowed {
+            return Err(AppError::bad_request(
+                "system shared memory is off: start inferd with --allow-client-shm to let clients on this host register \
+                 regions",
+            ));
+        }
+        if name.is_empty() {
+            return Err(AppError::bad_request("a shared memory region needs a name"));
+        }
+        if self.regions().contains_key(&name) {
+            return Err(AppError::bad_request(format!(
+                "shared memory region `{}` is registered already: unregister it first",
+                quoted(&name)
+            )));
+        }
+        let region = tokio::task::spawn_blocking(move || SystemRegion::open(key, offset, byte_size))
+            .await
+            .map_err(|e| AppError::internal(format!("opening a shared memory region: {e}")))??;
+        let mut regions = self.regions();
+        if regions.contains_key(&name) {
+            return Err(AppError::bad_request(format!(
+                "shared memory region `{}` is registered already",
+                quoted(&name)
+            )));
+        }
+        regions.insert(name, Arc::new(region));
+        drop(regions);
+        self.count();
+        Ok(())
+    }
+
+    /// Unregisters region `name`, or every region: a name not registered is no error, as in Triton. Requests that
+    /// hold a region keep it until they end.
+    pub fn unregister(&self, name: Option<&str>) {
+        match name {
+            Some(name) => drop(self.regions().remove(name)),
+            None => self.regions().clear(),
+        }
+        self.count();
+    }
+
+    /// Region `name`'s status, or every region's: refused for a name not registered.
+    pub fn status(&self, name: Option<&str>) -> Result<Vec<RegionStatus>, AppError> {
+        let regions = self.regions();
+        let shown = |(name, r): (&String, &Arc<SystemRegion>)| RegionStatus {
+            name: name.clone(),
+            key: r.key.clone(),
+            offset: r.offset,
+            byte_size: r.byte_size,
+        };
+        match name {
+            None => Ok(regions.iter().map(shown).collect()),
+            Some(name) => match regions.get_key_value(name) {
+                Some(entry) => Ok(vec![shown(entry)]),
+                None => Err(not_registered(name)),
+            },
+        }
+    }
+
+    /// The metrics' count of regions and their bytes.
+    fn count(&self) {
+        let regions = self.regions();
+        self.metrics.shared_memory(regions.len(), regions.values().map(|r| r.byte_size).sum());
+    }
+}
+
+/// The error for a region name that is not registered.
+pub fn not_registered(name: &str) -> AppError {
+    AppError::bad_request(format!("shared memory region `{}` is not registered", quoted(name)))
+}
+
+impl Regions for SharedMemory {
+    fn region(&self, name: &str) -> Option<Arc<dyn Region>> {
+        self.regions().get(name).map(|r| r.clone() as Arc<dyn Region>)
+    }
+}
+
+impl SystemRegion {
+    /// Opens the object `key` for a region of `byte_size` bytes at `offset`: refused where the key is not a
+    /// shared-memory name, the object is missing, is not a plain file (a link, say), or is too small.
+    fn open(key: String, offset: u64, byte_size: u64) -> Result<SystemRegion, AppError> {
+        let file = object_name(&key).ok_or_else(|| {
+            AppError::bad_request(format!(
+                "key `{}` is not a POSIX shared-memory name: give the name its creator passed to shm_open (`/name`: \
+                 no other slash, not . or ..), not a path",
+                quoted(&key)
+            ))
+        })?;
+        if byte_size == 0 {
+            return Err(AppError::bad_request("a shared memory region's byte_size must be 1 or more"));
+        }
+        let path = Path::new(SHM_DIR).join(file);
+        let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+        let fd = rustix::fs::open(&path, flags, Mode::empty())
+            .map_err(|e| AppError::bad_request(format!("cannot open shared memory object `{}`: {e}", quoted(&key))))?;
+        let file = std::fs::File::from(fd);
+        let meta = file.metadata().map_err(|e| AppError::internal(format!("shared memory object: {e}")))?;
+        if !meta.file_type().is_file() {
+            return Err(AppError::bad_request(format!("`{}` is not a shared memory object", quoted(&key))));
+        }
+        let end = offset.checked_add(byte_size).filter(|&end| end <= meta.len()).ok_or_else(|| {
+            AppError::bad_request(format!(
+                "shared memory object `{}` holds {} bytes: too small for {byte_size} bytes at offset {offset}",
+                quoted(&key),
+                meta.len()
+            ))
+        })?;
+        // Spans are checked against the region as usize.
+        usize::try_from(end).map_err(|_| AppError::bad_request("the region is larger than this machine addresses"))?;
+        Ok(SystemRegion { key, offset, byte_size, file })
+    }
+}
+
+/// The file under [`SHM_DIR`] that the shared-memory name `key` opens: `None` where it is not such a name. As
+/// `shm_open` reads it, leading slashes are dropped; what is left must be a plain file name.
+pub fn object_name(key: &str) -> Option<&str> {
+    let name = key.trim_start_matches('/');
+    let plain = !name.is_empty() && name.len() <= 255 && !name.contains(['/', '\0']) && name != "." && name != "..";
+    plain.then_some(name)
+}
+
+impl Region for SystemRegion {
+    fn byte_size(&self) -> usize {
+        // Checked to fit at registration.
+        self.byte_size as usize
+    }
+
+    fn read(&self, offset: usize, out: &mut [u8]) -> std::io::Result<()> {
+        self.file.read_exact_at(out, self.offset + offset as u64)
+    }
+
+    fn write(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()> {
+        self.file.write_all_at(bytes, self.offset + offset as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_shared_memory_names_never_paths() {
+        for (key, file) in [("/input", Some("input")), ("input", Some("input")), ("//a.b-c_1", Some("a.b-c_1"))] {
+            assert_eq!(object_name(key), file, "{key}");
+        }
+        for key in ["", "/", "/..", "/.", "/dev/shm/x", "../etc/passwd", "/a/b", "a\0b"] {
+            assert_eq!(object_name(key), None, "{key}");
+        }
+        assert_eq!(object_name(&"x".repeat(256)), None);
+    }
+}

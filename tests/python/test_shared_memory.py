@@ -1,0 +1,281 @@
+"""Triton's system shared-memory extension, driven by tritonclient's own `tritonclient.utils.shared_memory` over HTTP
+and gRPC: regions registered, inputs read from and outputs written to them on digits and `wide` (the answers those
+of the same request sent in the body), status, unregister; each mistake (an unknown region, a region larger than
+its object, an offset past the end, a key that is a path, a span too small for the answer) refused as the client's
+(400 / INVALID_ARGUMENT) with what was wrong; regions unregistered and registered again while requests use them
+break none; the API key applies; /metrics counts the regions; off without --allow-client-shm; and perf_analyzer's
+`--shared-memory system` runs clean over both protocols."""
+
+import csv
+import os
+import re
+import subprocess
+import threading
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from conftest import ROOT, launch_inferd, start_inferd
+
+KEY = "shm-key"
+PERF_ANALYZER = ROOT / ".cache" / "perf-analyzer" / "bin" / "perf_analyzer"
+CLIENTS = {"http": httpclient, "grpc": grpcclient}
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("models")
+    (repo / "digits").symlink_to(ROOT / "models" / "digits", target_is_directory=True)
+    (repo / "wide").symlink_to(ROOT / ".cache" / "models" / "wide", target_is_directory=True)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repository):
+    with start_inferd(repository, "--allow-client-shm", "--api-key", KEY, grpc=True) as addresses:
+        yield addresses
+
+
+def client_for(protocol, server):
+    http, grpc = server
+    # A new dict each call: tritonclient's HTTP client writes Inference-Header-Content-Length into the one it gets.
+    def auth():
+        return {"authorization": f"Bearer {KEY}"}
+
+    if protocol == "http":
+        return httpclient.InferenceServerClient(http), auth
+    return grpcclient.InferenceServerClient(grpc), auth
+
+
+@pytest.fixture
+def regions(request):
+    """Makes regions with tritonclient's helper; destroys them after the test."""
+    made = []
+
+    def make(name, byte_size):
+        handle = shm.create_shared_memory_region(name, f"/inferd-test-{os.getpid()}-{name}", byte_size)
+        made.append(handle)
+        return handle, f"/inferd-test-{os.getpid()}-{name}"
+
+    yield make
+    for handle in made:
+        shm.destroy_shared_memory_region(handle)
+
+
+def rows_for(model, rows):
+    rng = np.random.default_rng(7)
+    width = 64 if model == "digits" else 512
+    return (rng.random((rows, width)) * 16).astype(np.float32)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("model,rows", [("digits", 3), ("wide", 64)])
+def test_inputs_and_outputs_in_shared_memory_answer_as_the_body_does(server, regions, protocol, model, rows):
+    client, auth = client_for(protocol, server)
+    lib = CLIENTS[protocol]
+    x = rows_for(model, rows)
+    expected_in = lib.InferInput("input", list(x.shape), "FP32")
+    expected_in.set_data_from_numpy(x)
+    expected = client.infer(model, [expected_in], headers=auth()).as_numpy("logits")
+
+    region_in, key_in = regions(f"{protocol}-{model}-in", x.nbytes + 16)
+    region_out, key_out = regions(f"{protocol}-{model}-out", expected.nbytes + 8)
+    shm.set_shared_memory_region(region_in, [x], offset=16)
+    client.unregister_system_shared_memory(headers=auth())
+    client.register_system_shared_memory("in", key_in, x.nbytes + 16, headers=auth())
+    client.register_system_shared_memory("out", key_out, expected.nbytes + 8, headers=auth())
+    status = client.get_system_shared_memory_status(headers=auth())
+    if protocol == "http":
+        listed = {r["name"]: (r["key"], int(r["offset"]), int(r["byte_size"])) for r in status}
+    else:
+        listed = {n: (r.key, r.offset, r.byte_size) for n, r in status.regions.items()}
+    assert listed == {"in": (key_in, 0, x.nbytes + 16), "out": (key_out, 0, expected.nbytes + 8)}
+
+    given = lib.InferInput("input", list(x.shape), "FP32")
+    given.set_shared_memory("in", x.nbytes, offset=16)
+    wanted = lib.InferRequestedOutput("logits")
+    wanted.set_shared_memory("out", expected.nbytes + 8, offset=0)
+    result = client.infer(model, [given], outputs=[wanted], headers=auth())
+    (output,) = result.get_response()["outputs"] if protocol == "http" else result.get_response(as_json=True)["outputs"]
+    assert output["shape"] in ([rows, 10], [str(rows), "10"]), output
+    got = shm.get_contents_as_numpy(region_out, np.float32, [rows, 10])
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+    metrics = urllib.request.urlopen(urllib.request.Request(f"http://{server[0]}/metrics", headers=auth())).read()
+    assert b"inferd_shared_memory_regions 2" in metrics
+    assert f"inferd_shared_memory_bytes {x.nbytes + expected.nbytes + 24}".encode() in metrics
+
+    client.unregister_system_shared_memory("in", headers=auth())
+    remaining = client.get_system_shared_memory_status(headers=auth())
+    names = [r["name"] for r in remaining] if protocol == "http" else list(remaining.regions)
+    assert names == ["out"]
+    client.unregister_system_shared_memory(headers=auth())
+
+
+def refused(call):
+    """The message of the 400 / INVALID_ARGUMENT `call` raises."""
+    with pytest.raises(InferenceServerException) as e:
+        call()
+    status = str(e.value.status())
+    assert status in ("400", "StatusCode.INVALID_ARGUMENT"), f"{status}: {e.value.message()}"
+    return e.value.message()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_each_mistake_is_the_clients_with_what_was_wrong(server, regions, protocol):
+    client, auth = client_for(protocol, server)
+    lib = CLIENTS[protocol]
+    x = rows_for("digits", 2)
+    region, key = regions(f"{protocol}-mistakes", x.nbytes)
+    shm.set_shared_memory_region(region, [x])
+    client.unregister_system_shared_memory(headers=auth())
+
+    message = refused(lambda: client.register_system_shared_memory("big", key, x.nbytes + 1, headers=auth()))
+    assert "too small" in message, message
+    for path in ["/dev/shm/" + key.lstrip("/"), "../" + key.lstrip("/"), "/a/b"]:
+        message = refused(lambda: client.register_system_shared_memory("path", path, 8, headers=auth()))
+        assert "not a POSIX shared-memory name" in message, message
+    message = refused(lambda: client.register_system_shared_memory("none", "/inferd-no-such-object", 8, headers=auth()))
+    assert "cannot open shared memory object" in message, message
+    client.register_system_shared_memory("x", key, x.nbytes, headers=auth())
+    message = refused(lambda: client.register_system_shared_memory("x", key, x.nbytes, headers=auth()))
+    assert "registered already" in message, message
+
+    def infer(region="x", size=x.nbytes, offset=0, out=None):
+        given = lib.InferInput("input", list(x.shape), "FP32")
+        given.set_shared_memory(region, size, offset=offset)
+        outputs = None
+        if out:
+            outputs = [lib.InferRequestedOutput("logits")]
+            outputs[0].set_shared_memory(*out)
+        return client.infer("digits", [given], outputs=outputs, headers=auth())
+
+    assert "region `nowhere` is not registered" in refused(lambda: infer(region="nowhere"))
+    message = refused(lambda: infer(offset=8))
+    assert f"run past the end of shared memory region `x`, which holds {x.nbytes} bytes" in message, message
+    message = refused(lambda: infer(size=x.nbytes - 4))
+    assert "needs 512 bytes" in message, message
+    message = refused(lambda: infer(out=("x", 8)))
+    assert "output `logits`: it needs 80 bytes, but its span of shared memory region `x`" in message, message
+    assert "is not registered" in refused(lambda: client.get_system_shared_memory_status("nowhere", headers=auth()))
+    message = refused(lambda: client.register_cuda_shared_memory("gpu", b"\0" * 64, 0, 64, headers=auth()))
+    assert "CUDA shared memory" in message and "system shared memory" in message, message
+    client.unregister_cuda_shared_memory(headers=auth())
+    client.unregister_system_shared_memory(headers=auth())
+
+
+def test_unregistering_while_requests_use_a_region_breaks_none(server, regions):
+    http, _ = server
+
+    def auth():
+        return {"authorization": f"Bearer {KEY}"}
+
+    x = rows_for("wide", 64)
+    region, key = regions("churn", x.nbytes)
+    region_out, key_out = regions("churn-out", 64 * 10 * 4)
+    shm.set_shared_memory_region(region, [x])
+    client = httpclient.InferenceServerClient(http, concurrency=4)
+    client.unregister_system_shared_memory(headers=auth())
+    client.register_system_shared_memory("churn", key, x.nbytes, headers=auth())
+    client.register_system_shared_memory("churn-out", key_out, 64 * 10 * 4, headers=auth())
+    expected_in = httpclient.InferInput("input", list(x.shape), "FP32")
+    expected_in.set_data_from_numpy(x)
+    expected = client.infer("wide", [expected_in], headers=auth()).as_numpy("logits")
+    stop = threading.Event()
+    outcomes = {"answered": 0, "unregistered": 0}
+    failures = []
+
+    def churn():
+        # tritonclient's HTTP client belongs to the thread that made it (gevent).
+        client = httpclient.InferenceServerClient(http)
+        while not stop.is_set():
+            for name, k, size in [("churn", key, x.nbytes), ("churn-out", key_out, 64 * 10 * 4)]:
+                client.unregister_system_shared_memory(name, headers=auth())
+                client.register_system_shared_memory(name, k, size, headers=auth())
+
+    def load():
+        others = httpclient.InferenceServerClient(http)
+        for _ in range(40):
+            given = httpclient.InferInput("input", list(x.shape), "FP32")
+            given.set_shared_memory("churn", x.nbytes)
+            wanted = httpclient.InferRequestedOutput("logits")
+            wanted.set_shared_memory("churn-out", 64 * 10 * 4)
+            try:
+                others.infer("wide", [given], outputs=[wanted], headers=auth())
+                outcomes["answered"] += 1
+            except InferenceServerException as e:
+                if e.status() == "400" and "is not registered" in e.message():
+                    outcomes["unregistered"] += 1
+                else:
+                    failures.append(f"{e.status()}: {e.message()}")
+
+    churner = threading.Thread(target=churn)
+    churner.start()
+    loaders = [threading.Thread(target=load) for _ in range(3)]
+    for t in loaders:
+        t.start()
+    for t in loaders:
+        t.join()
+    stop.set()
+    churner.join()
+    assert not failures, failures
+    assert outcomes["answered"] > 0, outcomes
+    # Every answer wrote the same logits, whether or not its region was unregistered while it ran.
+    got = shm.get_contents_as_numpy(region_out, np.float32, [64, 10])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    print(f"while unregistering and registering again: {outcomes}")
+    assert client.is_server_live(headers=auth())
+    client.unregister_system_shared_memory(headers=auth())
+
+
+def test_the_key_applies_and_the_extension_is_off_unless_allowed(server, repository, regions):
+    http, _ = server
+    region, key = regions("keyed", 64)
+    client = httpclient.InferenceServerClient(http)
+    with pytest.raises(InferenceServerException) as e:
+        client.register_system_shared_memory("keyed", key, 64)
+    assert e.value.status() == "401"
+    with pytest.raises(InferenceServerException) as e:
+        client.get_system_shared_memory_status()
+    assert e.value.status() == "401"
+    with start_inferd(repository) as address:
+        closed = httpclient.InferenceServerClient(address)
+        message = refused(lambda: closed.register_system_shared_memory("keyed", key, 64))
+        assert "--allow-client-shm" in message, message
+        assert closed.get_system_shared_memory_status() == []
+        assert "system_shared_memory" in closed.get_server_metadata()["extensions"]
+
+
+@pytest.fixture(scope="module")
+def open_server(repository):
+    """A server without an API key: perf_analyzer sends no header over gRPC."""
+    with start_inferd(repository, "--allow-client-shm", grpc=True) as addresses:
+        yield addresses
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_runs_clean_with_system_shared_memory(open_server, tmp_path, protocol):
+    if not PERF_ANALYZER.exists():
+        if os.environ.get("INFERD_SKIP_PERF_ANALYZER") == "1":
+            pytest.skip(f"INFERD_SKIP_PERF_ANALYZER=1 and no {PERF_ANALYZER}")
+        pytest.fail(f"no {PERF_ANALYZER}: run scripts/fetch-perf-analyzer.sh (or set INFERD_SKIP_PERF_ANALYZER=1)")
+    http, grpc = open_server
+    report = tmp_path / "report.csv"
+    args = [str(PERF_ANALYZER), "-m", "digits", "-i", protocol, "-u", http if protocol == "http" else grpc,
+            "--shared-memory", "system", "--output-shared-memory-size", "4096",
+            "--concurrency-range", "2:2", "--measurement-interval", "1000", "--stability-percentage", "1000",
+            "--input-data", "random", "-f", str(report)]
+    run = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    with report.open() as f:
+        (row,) = csv.DictReader(f)
+    assert float(row["Inferences/Second"]) > 0, row
+    measured = int(re.search(r"Request count: (\d+)", output).group(1))
+    assert measured > 0, output
+    print(f"perf_analyzer over {protocol} with system shared memory: {row['Inferences/Second']} infer/s")
