@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/fuzz.sh [--dev] [SECONDS] [TARGET…]: runs each cargo fuzz target (fuzz/fuzz_targets: the v2 binary, JSON and
-# gRPC decoders, the /predict decoder, model.toml) for SECONDS (default 300), as many at once as there are cores, from
+# gRPC decoders, the /predict decoder, model.toml, the shared-memory parameters) for SECONDS (default 300), as many at once as there are cores, from
 # the seeds in fuzz/seeds and the corpus grown by earlier runs (.cache/fuzz/corpus). Exits 1 on the first crash,
 # leaving its input in fuzz/artifacts/TARGET/ (add it to the target's regression test, then to fuzz/seeds). The test
 # command runs it for a few seconds a target, built with --dev (unoptimised: it compiles in 1.8 minutes on a fresh
@@ -19,7 +19,7 @@ fi
 seconds=${1:-300}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(v2_binary v2_json grpc predict model_toml)
+[ ${#targets[@]} -gt 0 ] || targets=(v2_binary v2_json grpc predict model_toml shm)
 tools=$PWD/.cache/tools
 if [ ! -x "$tools/bin/cargo-fuzz" ]; then
     echo "fuzz: installing cargo-fuzz 0.13.1 into $tools" >&2

@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
     for meta in common::models() {
         if let Ok(call) = inferd_codec::grpc::decode_infer(request.clone(), &meta, &common::LIMITS, &inferd_codec::shm::NoRegions) {
             common::check(&call.inputs, &meta);
-            assert!(call.outputs.iter().all(|&i| i < meta.outputs.len()), "an output the model has not");
+            assert!(call.outputs.iter().all(|w| w.index < meta.outputs.len()), "an output the model has not");
         }
     }
 });

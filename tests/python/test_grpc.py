@@ -111,7 +111,7 @@ def test_server_and_model_rpcs(server, client):
     over_http = httpclient.InferenceServerClient(server[0]).get_server_metadata()["extensions"]
     assert list(meta.extensions) == over_http
     assert set(over_http) == {"binary_tensor_data", "classification", "model_repository", "model_configuration",
-                              "system_shared_memory", "statistics"}
+                              "system_shared_memory", "statistics", "trace", "logging"}
     assert client.is_model_ready("digits")
     assert client.is_model_ready("digits", model_version="1")
     # A model or version the server does not have is not ready, as Triton answers, rather than an error.
@@ -258,10 +258,10 @@ def test_every_error_status(client, server):
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         outcomes = list(pool.map(lambda _: outcome(), range(2)))
     assert sorted(map(str, outcomes)) == ["(1, 10)", "StatusCode.RESOURCE_EXHAUSTED"], outcomes
-    e = error_of(lambda: client.get_system_shared_memory_status())
-    assert e.status() == "StatusCode.UNIMPLEMENTED" and "inferd does not implement" in e.message()
-    e = error_of(lambda: client.get_log_settings())
-    assert e.status() == "StatusCode.UNIMPLEMENTED"
+    # Shared memory off (no --allow-client-shm): no regions, and registering says how to turn it on.
+    assert len(client.get_system_shared_memory_status().regions) == 0
+    e = error_of(lambda: client.register_system_shared_memory("r", "/inferd-none", 8))
+    assert e.status() == "StatusCode.INVALID_ARGUMENT" and "--allow-client-shm" in e.message(), e
 
 
 def test_model_control_load_and_unload(client):

@@ -18,6 +18,7 @@ pub mod gpu;
 pub mod grpc;
 mod healthcheck;
 pub mod layers;
+pub mod logging;
 pub mod metrics;
 pub mod ops;
 pub mod registry;
@@ -28,6 +29,7 @@ pub mod socket;
 pub mod state;
 #[cfg(test)]
 mod testing;
+pub mod trace;
 
 use std::future::Future;
 use std::sync::Arc;

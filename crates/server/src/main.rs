@@ -1,10 +1,7 @@
 //! The `inferd` binary: parses the command line, sets up logging, and runs the server until SIGTERM or SIGINT.
 
-use std::io::IsTerminal;
-
 use clap::Parser;
-use inferd_server::{Cli, Command, LogFormat};
-use tracing_subscriber::EnvFilter;
+use inferd_server::{Cli, Command};
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -18,14 +15,7 @@ fn main() -> anyhow::Result<()> {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(config) => {
-            let logs = tracing_subscriber::fmt()
-                .with_env_filter(EnvFilter::try_new(&config.log).unwrap_or_else(|_| EnvFilter::new("info")))
-                .with_writer(std::io::stderr)
-                .with_thread_names(true);
-            match config.log_format {
-                LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
-                LogFormat::Json => logs.json().with_current_span(true).with_span_list(true).init(),
-            }
+            inferd_server::logging::init(&config.log, config.log_format);
             inferd_server::run(config, shutdown_signal()).await
         }
         Command::Healthcheck(config) => {

@@ -20,6 +20,7 @@ use crate::metrics::Metrics;
 use crate::registry::readiness::{self, Assessment, ReadinessPolicy, StallWatch};
 use crate::registry::{ModelEntry, Registry};
 use crate::shm::SharedMemory;
+use crate::trace::Traces;
 
 /// The app's state. Cheap to clone: one `Arc`.
 #[derive(Clone)]
@@ -53,6 +54,8 @@ struct ServerState {
     vertex_routes: (Option<String>, Option<String>),
     /// The system shared-memory regions clients registered.
     shared_memory: Arc<SharedMemory>,
+    /// Which requests are traced (the trace extension's settings).
+    traces: Traces,
 }
 
 impl AppState {
@@ -88,6 +91,7 @@ impl AppState {
             cors_allow_origin: config.cors_allow_origin.clone(),
             vertex_routes: (config.aip_predict_route.clone(), config.aip_health_route.clone()),
             shared_memory: Arc::new(SharedMemory::new(config.allow_client_shm, metrics.clone())),
+            traces: Traces::default(),
         })))
     }
 
@@ -122,6 +126,10 @@ impl AppState {
 
     pub fn shared_memory(&self) -> &Arc<SharedMemory> {
         &self.0.shared_memory
+    }
+
+    pub fn traces(&self) -> &Traces {
+        &self.0.traces
     }
 
     pub fn drain(&self) -> &Arc<Drain> {

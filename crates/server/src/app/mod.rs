@@ -19,7 +19,7 @@ use crate::error::{AppError, ErrorKind};
 use crate::layers::{outer_layers, REQUEST_ID_HEADER};
 use crate::metrics::Protocol;
 use crate::request::ModelFrom;
-use crate::routes::{cohere, dispatch, health, openai, shm, tei, v2};
+use crate::routes::{cohere, dispatch, health, openai, settings, shm, tei, v2};
 use crate::state::AppState;
 
 /// Every documented route, and the OpenAPI document built from the same registrations.
@@ -37,7 +37,7 @@ pub fn api(state: &AppState) -> (Router<AppState>, utoipa::openapi::OpenApi) {
     let (routes, api) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(guarded(health::probe_routes().merge(v2::probe_routes()), open))
         .merge(guarded(health::metrics_routes(), metrics))
-        .merge(guarded(v2::routes().merge(openai::routes()).merge(shm::routes()), keyed))
+        .merge(guarded(v2::routes().merge(openai::routes()).merge(shm::routes()).merge(settings::routes()), keyed))
         .merge(guarded(v2::model_routes(), model(ModelFrom::Path)))
         .merge(guarded(
             dispatch::default_route().merge(dispatch::invocations_route()).merge(dispatch::vertex_routes()),

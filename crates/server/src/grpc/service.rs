@@ -48,11 +48,6 @@ pub struct Inference {
 
 type Answer<T> = Result<Response<T>, Status>;
 
-/// The answer of an RPC inferd does not serve.
-fn unsupported(what: &str) -> Status {
-    Status::unimplemented(format!("inferd does not implement {what}"))
-}
-
 #[tonic::async_trait]
 impl GrpcInferenceService for Inference {
     async fn server_live(&self, _: Request<ServerLiveRequest>) -> Answer<ServerLiveResponse> {
@@ -223,12 +218,12 @@ impl GrpcInferenceService for Inference {
         Ok(Response::new(CudaSharedMemoryUnregisterResponse {}))
     }
 
-    async fn trace_setting(&self, _: Request<TraceSettingRequest>) -> Answer<TraceSettingResponse> {
-        Err(unsupported("trace settings: inferd logs with --log and --log-format"))
+    async fn trace_setting(&self, request: Request<TraceSettingRequest>) -> Answer<TraceSettingResponse> {
+        Ok(Response::new(extensions::trace_setting(&self.state, request.into_inner())?))
     }
 
-    async fn log_settings(&self, _: Request<LogSettingsRequest>) -> Answer<LogSettingsResponse> {
-        Err(unsupported("log settings: inferd logs with --log and --log-format"))
+    async fn log_settings(&self, request: Request<LogSettingsRequest>) -> Answer<LogSettingsResponse> {
+        Ok(Response::new(extensions::log_settings(request.into_inner())?))
     }
 }
 

@@ -16,6 +16,7 @@ use crate::budget::Hold;
 use crate::codec::{quoted, CodecError};
 use crate::error::{AppError, ErrorKind};
 use crate::state::AppState;
+use crate::trace::Traced;
 
 /// Bodies, tensors and answers above this size are decoded, checked and encoded on the blocking pool rather than
 /// on the async runtime's threads.
@@ -153,7 +154,7 @@ pub async fn infer(
         Ok(answer)
     })
     .await??;
-    Ok(Served {
+    let served = Served {
         answer,
         batch_rows: out.batch_rows,
         prepare_time,
@@ -161,7 +162,32 @@ pub async fn infer(
         compute_time: out.compute_time,
         total_time: started.elapsed(),
         characters,
-    })
+    };
+    if let Some(traced) = state.traces().sample(model.name()) {
+        trace(model, &served, traced);
+    }
+    Ok(served)
+}
+
+/// A traced request's line in the structured log (the trace extension's settings chose it), inside its span.
+fn trace(model: &LoadedModel, served: &Served, traced: Traced) {
+    let tensors = traced.tensors.then(|| {
+        let shown: Vec<String> =
+            served.answer.tensors.iter().map(|t| format!("{}{:?}", t.dtype(), t.shape())).collect();
+        shown.join(" ")
+    });
+    tracing::info!(
+        target: "inferd::trace",
+        model = model.name(),
+        version = model.version,
+        batch_rows = served.batch_rows,
+        prepare_us = served.prepare_time.as_micros() as u64,
+        queue_us = served.queue_time.as_micros() as u64,
+        compute_us = served.compute_time.as_micros() as u64,
+        total_us = served.total_time.as_micros() as u64,
+        outputs = tensors,
+        "trace"
+    );
 }
 
 /// The characters of a text request's texts, all together; 0 for other input.

@@ -27,6 +27,8 @@ pub const EXTENSIONS: &[&str] = &[
     "model_configuration",
     "system_shared_memory",
     "statistics",
+    "trace",
+    "logging",
 ];
 
 /// The server's metadata.

@@ -33,6 +33,7 @@ pub mod health;
 pub mod images;
 pub mod openai;
 pub mod predict;
+pub mod settings;
 pub mod shm;
 pub mod tei;
 pub mod v2;
