@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the `wide` benchmark models: an MLP 512 -> 2048 (ReLU) -> 2048 (ReLU) -> 10 with fixed-seed random weights,
+"""Write the `wide` benchmark models, and `identity` (its output is its input: pure transfer): an MLP 512 -> 2048 (ReLU) -> 2048 (ReLU) -> 10 with fixed-seed random weights,
 as ONNX and as safetensors for inferd's candle `mlp`. About 20 MB each, so they are made at set-up
 (scripts/setup.sh) rather than committed. Deterministic: the same bytes on every run.
 
@@ -78,12 +78,33 @@ def write_safetensors(w, folder):
     )
 
 
+def write_identity(folder):
+    """`identity`: `input` FP32 [1, -1] -> `output`, the same: a request's cost is moving its bytes (benches/transfer.py)."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["input"], ["output"], name="identity")], "identity",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, "width"])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, "width"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="inferd")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(folder / "model.onnx"))
+    (folder / "model.toml").write_text(
+        "# The `identity` benchmark model (benches/make_wide.py): its output is its input, so a request costs only\n"
+        "# the moving of its bytes.\n"
+        'backend = "onnx"\nfile = "model.onnx"\ndevice = "auto"\ninstances = 1\n\n'
+        "[batching]\nmax_batch_size = 0\nmax_queue_delay_us = 0\nmax_queue_size = 64\n"
+    )
+
+
 def main():
     out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".cache/models")
     w = weights()
     write_onnx(w, out / "wide")
     write_safetensors(w, out / "wide-candle")
-    print(f"make_wide: wrote {out / 'wide'} and {out / 'wide-candle'}")
+    write_identity(out / "identity")
+    print(f"make_wide: wrote {out / 'wide'}, {out / 'wide-candle'} and {out / 'identity'}")
 
 
 if __name__ == "__main__":
