@@ -165,6 +165,27 @@ def test_every_answer_matches_its_documented_schema(server_url):
         ("post", "/v1/rerank", b"{\"query\": \"q\", \"documents\": [\"a\"], \"return_documents\": true}", 200),
         ("post", "/v2/rerank", b"{\"model\": \"reranker\", \"query\": \"q\", \"documents\": [\"a\"]}", 200),
         ("post", "/v2/rerank", b"{\"query\": \"q\", \"documents\": []}", 400),
+        # Shared memory is off on this server (no --allow-client-shm): test_shared_memory.py registers regions.
+        ("get", "/v2/systemsharedmemory/status", None, 200),
+        ("get", "/v2/systemsharedmemory/region/r/status", None, 400),
+        ("post", "/v2/systemsharedmemory/region/r/register", b"{\"key\": \"/r\", \"byte_size\": 8}", 400),
+        ("post", "/v2/systemsharedmemory/region/r/unregister", b"", 200),
+        ("post", "/v2/systemsharedmemory/unregister", b"", 200),
+        ("get", "/v2/cudasharedmemory/status", None, 200),
+        ("get", "/v2/cudasharedmemory/region/r/status", None, 400),
+        ("post", "/v2/cudasharedmemory/region/r/register", b"{}", 400),
+        ("post", "/v2/cudasharedmemory/region/r/unregister", b"", 200),
+        ("post", "/v2/cudasharedmemory/unregister", b"", 200),
+        ("get", "/v2/logging", None, 200),
+        ("post", "/v2/logging", b"{\"log_verbose_level\": 0}", 200),
+        ("post", "/v2/logging", b"{\"log_file\": \"inferd.log\"}", 400),
+        ("get", "/v2/trace/setting", None, 200),
+        ("post", "/v2/trace/setting", b"{\"trace_rate\": \"1000\"}", 200),
+        ("post", "/v2/trace/setting", b"{\"trace_rate\": \"0\"}", 400),
+        ("get", "/v2/models/digits/trace/setting", None, 200),
+        ("get", "/v2/models/nope/trace/setting", None, 404),
+        ("post", "/v2/models/digits/trace/setting", b"{\"trace_rate\": null}", 200),
+        ("post", "/v2/models/nope/trace/setting", b"{}", 404),
     ]
     covered = set()
     for method, path, body, want in cases:
