@@ -120,6 +120,8 @@ pub trait Element: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
     const SIZE: usize;
     /// Appends this element's little-endian bytes.
     fn put(self, out: &mut Vec<u8>);
+    /// Writes this element's little-endian bytes into exactly `SIZE` bytes.
+    fn write(self, out: &mut [u8]);
     /// Reads one element from exactly `SIZE` little-endian bytes.
     fn get(bytes: &[u8]) -> Self;
 }
@@ -132,6 +134,10 @@ macro_rules! numeric_element {
             #[inline]
             fn put(self, out: &mut Vec<u8>) {
                 out.extend_from_slice(&self.to_le_bytes());
+            }
+            #[inline]
+            fn write(self, out: &mut [u8]) {
+                out.copy_from_slice(&self.to_le_bytes());
             }
             #[inline]
             fn get(bytes: &[u8]) -> Self {
@@ -155,6 +161,10 @@ impl Element for bool {
     #[inline]
     fn put(self, out: &mut Vec<u8>) {
         out.push(u8::from(self));
+    }
+    #[inline]
+    fn write(self, out: &mut [u8]) {
+        out[0] = u8::from(self);
     }
     #[inline]
     fn get(bytes: &[u8]) -> Self {
