@@ -281,7 +281,7 @@ impl Tensor {
 /// The index of the first `N`-byte element of `bytes` for which `bad` holds.
 fn first_with<const N: usize>(bytes: &[u8], bad: impl Fn([u8; N]) -> bool) -> Option<usize> {
     const BLOCK: usize = 512;
-    let element = |c: &[u8]| <[u8; N]>::try_from(c).map_or(false, &bad);
+    let element = |c: &[u8]| <[u8; N]>::try_from(c).is_ok_and(&bad);
     bytes.chunks(BLOCK * N).enumerate().find_map(|(b, block)| {
         let any = block.chunks_exact(N).fold(false, |any, c| any | element(c));
         any.then(|| block.chunks_exact(N).position(element).map(|i| b * BLOCK + i)).flatten()
@@ -306,7 +306,7 @@ mod tests {
         assert_eq!(Tensor::from_slice(vec![2], &[1.0f32, -3.5]).expect("valid").first_non_finite(), None);
         assert_eq!(Tensor::from_slice(vec![2], &[1i64, 2]).expect("valid").first_non_finite(), None);
         // Past the first blocks, at its exact index; the largest finite numbers, subnormals and -0 pass.
-        let mut values = vec![f32::MAX, -f32::MAX, f32::MIN_POSITIVE / 2.0, -0.0].repeat(1000);
+        let mut values = [f32::MAX, -f32::MAX, f32::MIN_POSITIVE / 2.0, -0.0].repeat(1000);
         assert_eq!(Tensor::from_slice(vec![4000], &values).expect("valid").first_non_finite(), None);
         values[2777] = f32::NEG_INFINITY;
         values[3001] = f32::NAN;
