@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Write the `wide` benchmark models, and `identity` (its output is its input: pure transfer): an MLP 512 -> 2048 (ReLU) -> 2048 (ReLU) -> 10 with fixed-seed random weights,
-as ONNX and as safetensors for inferd's candle `mlp`. About 20 MB each, so they are made at set-up
-(scripts/setup.sh) rather than committed. Deterministic: the same bytes on every run.
+"""Write the `wide` benchmark models, and `identity` (its output is its input: pure transfer). `wide`: an MLP
+512 -> 2048 (ReLU) -> 2048 (ReLU) -> 10 with fixed-seed random weights, as ONNX and as safetensors for inferd's
+candle `mlp`. About 20 MB each, so they are made at set-up (scripts/setup.sh) rather than committed. Deterministic:
+the same bytes on every run.
 
 Writes a model repository:
   OUT/wide/model.onnx + model.toml                 ONNX (opset 17): `input` FP32 [-1, 512] -> `logits` FP32 [-1, 10]
   OUT/wide-candle/model.safetensors + model.toml   the same weights (torch layout, fc1..fc3)
+  OUT/identity/model.onnx + model.toml             `input` FP32 [1, -1] -> `output`, the same
 
 Run: python3 benches/make_wide.py OUT        (needs numpy, onnx, safetensors: benches/python/requirements-models.txt)
 """
@@ -53,15 +55,21 @@ def write_onnx(w, folder):
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", LAYERS[-1]])],
         initializer=[numpy_helper.from_array(v, k) for k, v in w.items()],
     )
+    save_onnx(
+        graph, folder,
+        "# The `wide` benchmark model (benches/make_wide.py): compute-bound, 10.5 MFLOP per row.\n"
+        'backend = "onnx"\nfile = "model.onnx"\ndevice = "auto"\ninstances = 1\n' + BATCHING
+    )
+
+
+def save_onnx(graph, folder, toml):
+    """Writes `graph` as opset 17 `model.onnx` in `folder`, checked, beside `model.toml` of `toml`."""
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="inferd")
     model.ir_version = 8
     onnx.checker.check_model(model)
     folder.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(folder / "model.onnx"))
-    (folder / "model.toml").write_text(
-        "# The `wide` benchmark model (benches/make_wide.py): compute-bound, 10.5 MFLOP per row.\n"
-        'backend = "onnx"\nfile = "model.onnx"\ndevice = "auto"\ninstances = 1\n' + BATCHING
-    )
+    (folder / "model.toml").write_text(toml)
 
 
 def write_safetensors(w, folder):
@@ -79,18 +87,15 @@ def write_safetensors(w, folder):
 
 
 def write_identity(folder):
-    """`identity`: `input` FP32 [1, -1] -> `output`, the same: a request's cost is moving its bytes (benches/transfer.py)."""
+    """`identity`: `input` FP32 [1, -1] -> `output`, the same: a request's cost is moving its bytes
+    (benches/transfer.py)."""
     graph = helper.make_graph(
         [helper.make_node("Identity", ["input"], ["output"], name="identity")], "identity",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, "width"])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, "width"])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="inferd")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    folder.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(folder / "model.onnx"))
-    (folder / "model.toml").write_text(
+    save_onnx(
+        graph, folder,
         "# The `identity` benchmark model (benches/make_wide.py): its output is its input, so a request costs only\n"
         "# the moving of its bytes.\n"
         'backend = "onnx"\nfile = "model.onnx"\ndevice = "auto"\ninstances = 1\n\n'

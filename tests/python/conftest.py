@@ -25,10 +25,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch_inferd(models, *args, grpc=False):
+def launch_inferd(models, *args, grpc=False, keep_log=None):
     """Starts inferd serving the repository `models` with extra command-line `args`, on free ports (gRPC too with
     `grpc`, else none); returns `(process, http_address, grpc_address or None)` once every model has loaded (or
-    failed). The caller stops it."""
+    failed). The caller stops it. `keep_log`, a list, receives each line the server logs once it listens."""
     binary = os.environ.get("INFERD_BIN", str(ROOT / "target" / "debug" / "inferd"))
     lib = ROOT / ".cache" / "onnxruntime" / "libonnxruntime.so.1.31.1"
     grpc_port = free_port() if grpc else 0
@@ -53,7 +53,8 @@ def launch_inferd(models, *args, grpc=False):
         proc.kill()
         raise RuntimeError("inferd did not start:\n" + "".join(log))
     # Keep draining the log so the server never blocks on a full pipe.
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    threading.Thread(target=lambda: [keep_log is not None and keep_log.append(line) for line in proc.stderr],
+                     daemon=True).start()
     for _ in range(600):
         try:
             with urllib.request.urlopen(f"http://{address}/health") as r:

@@ -1,12 +1,10 @@
 """Triton's logging and trace extensions, read and changed while inferd runs, with tritonclient over HTTP and gRPC,
-and their effect seen in the server's own log: the verbose level lets inferd's debug lines through, `log_format`
+and their effect seen in the lines the server logs: the verbose level lets inferd's debug lines through, `log_format`
 switches text and JSON, `log_info` stops and starts info lines; a traced request writes one `inferd::trace` line
 with its timings, at the rate and count asked, server-wide or for one model. Bad values are refused whole."""
 
 import json
-import os
 import re
-import subprocess
 import time
 
 import numpy as np
@@ -15,35 +13,22 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, free_port
+from conftest import ROOT, launch_inferd
 
 DEFAULTS = {"log_file": "", "log_info": True, "log_warning": True, "log_error": True, "log_verbose_level": 0,
             "log_format": "default"}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """inferd on digits, its log in a file the tests read."""
-    folder = tmp_path_factory.mktemp("settings")
-    log = folder / "inferd.log"
-    grpc_port = free_port()
-    lib = ROOT / ".cache" / "onnxruntime" / "libonnxruntime.so.1.31.1"
-    binary = os.environ.get("INFERD_BIN", str(ROOT / "target" / "debug" / "inferd"))
-    with log.open("w") as sink:
-        proc = subprocess.Popen([binary, "serve", "--host", "127.0.0.1", "--port", "0", "--grpc-port", str(grpc_port),
-                                 "--models", str(ROOT / "models" / "digits"), "--onnxruntime-lib", str(lib)],
-                                stderr=sink)
+def server():
+    """inferd on digits; the lines it logs gathered in a list the tests read."""
+    log = []
+    proc, address, grpc_address = launch_inferd(ROOT / "models" / "digits", grpc=True, keep_log=log)
     try:
-        deadline = time.time() + 60
-        address = None
-        while address is None and time.time() < deadline:
-            found = re.search(r"listening addr=(\S+)", log.read_text())
-            address = found.group(1) if found else time.sleep(0.05)
-        assert address, log.read_text()
         http = httpclient.InferenceServerClient(address)
         while not http.is_model_ready("digits"):
             time.sleep(0.05)
-        yield http, grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}"), log
+        yield http, grpcclient.InferenceServerClient(grpc_address), log
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
@@ -57,12 +42,12 @@ def infer(client, lib, n=1):
 
 
 def new_lines(log, after):
-    """The log's lines written since it was `after` bytes long."""
-    return log.read_bytes()[after:].decode().splitlines()
+    """The log's lines after its first `after`."""
+    return [line.rstrip("\n") for line in log[after:]]
 
 
 def settle():
-    """Lets the server's writes of the requests just answered reach the file."""
+    """Lets the server's lines for the requests just answered reach the list."""
     time.sleep(0.2)
 
 
@@ -72,19 +57,19 @@ def test_log_settings_change_what_the_log_writes(server):
     over_grpc = grpc.get_log_settings(as_json=True)["settings"]
     assert {name: next(iter(value.values())) for name, value in over_grpc.items()} == DEFAULTS, over_grpc
 
-    start = log.stat().st_size
+    start = len(log)
     infer(http, httpclient)
     settle()
     assert not [line for line in new_lines(log, start) if "DEBUG" in line], "no debug lines at level 0"
     answered = grpc.update_log_settings({"log_verbose_level": 1}, as_json=True)["settings"]
     assert answered["log_verbose_level"] == {"uint32_param": 1}, answered
-    start = log.stat().st_size
+    start = len(log)
     infer(http, httpclient)
     settle()
     assert [line for line in new_lines(log, start) if "DEBUG" in line and "served" in line], new_lines(log, start)
 
     assert http.update_log_settings({"log_format": "json"})["log_format"] == "json"
-    start = log.stat().st_size
+    start = len(log)
     infer(http, httpclient)
     settle()
     lines = new_lines(log, start)
@@ -93,12 +78,12 @@ def test_log_settings_change_what_the_log_writes(server):
     http.update_log_settings({"log_format": "default", "log_verbose_level": 0})
     http.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
     http.update_log_settings({"log_info": False})
-    start = log.stat().st_size
+    start = len(log)
     infer(http, httpclient)
     settle()
     assert not [line for line in new_lines(log, start) if "inferd::trace" in line], "info lines stopped"
     http.update_log_settings({"log_info": True})
-    start = log.stat().st_size
+    start = len(log)
     infer(http, httpclient)
     settle()
     assert [line for line in new_lines(log, start) if "inferd::trace" in line], "info lines again"
@@ -131,7 +116,7 @@ def test_traces_follow_the_rate_and_count_server_wide_and_per_model(server):
                                          "trace_count": "-1", "log_frequency": "0", "trace_mode": "triton"}
     answered = http.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
     assert answered["trace_level"] == ["TIMESTAMPS"] and answered["trace_rate"] == "1", answered
-    start = log.stat().st_size
+    start = len(log)
     infer(http, httpclient, 3)
     settle()
     lines = trace_lines(log, start)
@@ -144,7 +129,7 @@ def test_traces_follow_the_rate_and_count_server_wide_and_per_model(server):
                                                      "trace_level": ["TIMESTAMPS", "TENSORS"]}, as_json=True)
     assert settings["settings"]["trace_rate"]["value"] == ["2"], settings
     assert http.get_trace_settings()["trace_rate"] == "1"
-    start = log.stat().st_size
+    start = len(log)
     infer(grpc, grpcclient, 6)
     settle()
     lines = trace_lines(log, start)
@@ -162,7 +147,7 @@ def test_traces_follow_the_rate_and_count_server_wide_and_per_model(server):
         http.get_trace_settings("no-such-model")
     assert e.value.status() == "404", e.value
     http.update_trace_settings(settings={"trace_level": ["OFF"], "trace_rate": None})
-    start = log.stat().st_size
+    start = len(log)
     infer(http, httpclient, 2)
     settle()
     assert not trace_lines(log, start)

@@ -74,8 +74,8 @@ impl SharedMemory {
     ) -> Result<(), AppError> {
         if !self.allowed {
             return Err(AppError::bad_request(
-                "system shared memory is off: start inferd with --allow-client-shm to let clients on this host register \
-                 regions",
+                "system shared memory is off: start inferd with --allow-client-shm to let clients on this host \
+                 register regions",
             ));
         }
         if name.is_empty() {
@@ -136,6 +136,14 @@ impl SharedMemory {
         let regions = self.regions();
         self.metrics.shared_memory(regions.len(), regions.values().map(|r| r.byte_size).sum());
     }
+}
+
+/// What registering a CUDA shared-memory region answers, over either protocol.
+pub fn cuda_refused() -> AppError {
+    AppError::bad_request(
+        "CUDA shared memory (cudaIPC handles) is not served by inferd: register system shared memory \
+         (/v2/systemsharedmemory, with --allow-client-shm), or send the tensors in the request",
+    )
 }
 
 /// The error for a region name that is not registered.

@@ -39,7 +39,7 @@ struct Scopes {
     global: Settings,
     /// A model's own values, each `None` where it follows the server's.
     models: HashMap<String, ModelSettings>,
-    /// Requests seen per model, for the rate; traces left per model once its count was set.
+    /// Requests seen per model, for the rate: counted afresh when its settings change.
     seen: HashMap<String, u64>,
 }
 
@@ -124,7 +124,8 @@ impl Traces {
                 ("trace_file", value) => {
                     if value.is_some_and(|v| v.iter().any(|f| !f.is_empty())) {
                         return Err(AppError::bad_request(
-                            "trace_file must be empty: inferd writes traces to its structured log (target inferd::trace)",
+                            "trace_file must be empty: inferd writes traces to its structured log (target \
+                             inferd::trace)",
                         ));
                     }
                 }

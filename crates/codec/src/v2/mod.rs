@@ -101,6 +101,16 @@ pub struct V2OutputParameters {
     pub shared_memory_offset: Option<u64>,
 }
 
+impl V2OutputParameters {
+    fn span(&self) -> SpanParameters<'_> {
+        SpanParameters {
+            region: self.shared_memory_region.as_deref(),
+            byte_size: self.shared_memory_byte_size,
+            offset: self.shared_memory_offset,
+        }
+    }
+}
+
 /// A decoded v2 inference request.
 #[derive(Debug)]
 pub struct V2Call {
@@ -176,14 +186,8 @@ pub fn decode_infer(
                     Some(k) => classification.push((i, usize::try_from(k).unwrap_or(usize::MAX))),
                     None => {}
                 }
-                let p = &o.parameters;
-                let given = SpanParameters {
-                    region: p.shared_memory_region.as_deref(),
-                    byte_size: p.shared_memory_byte_size,
-                    offset: p.shared_memory_offset,
-                };
-                let memory = Span::of(given, regions, &format!("output `{name}`"))?;
-                let binary = memory.is_none() && p.binary_data.unwrap_or(default_binary);
+                let memory = Span::of(o.parameters.span(), regions, &format!("output `{name}`"))?;
+                let binary = memory.is_none() && o.parameters.binary_data.unwrap_or(default_binary);
                 chosen.push(Wanted { index: i, binary, memory });
             }
             chosen

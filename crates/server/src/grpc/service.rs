@@ -24,7 +24,7 @@ use crate::codec::shm;
 use crate::codec::v2::models as v2;
 use crate::error::{AppError, ErrorKind};
 use crate::metrics::Protocol;
-use crate::ops::infer::{classify_outputs, deadline_in, decode, encode, infer, INLINE_WORK_BYTES};
+use crate::ops::infer::{classify_outputs, deadline_in, decode, decode_bytes, encode, infer};
 use crate::ops::models;
 use crate::ops::repository;
 use crate::registry::ModelEntry;
@@ -208,7 +208,7 @@ impl GrpcInferenceService for Inference {
         &self,
         _: Request<CudaSharedMemoryRegisterRequest>,
     ) -> Answer<CudaSharedMemoryRegisterResponse> {
-        Err(AppError::bad_request(crate::routes::shm::NO_CUDA_SHARED_MEMORY).into())
+        Err(crate::shm::cuda_refused().into())
     }
 
     async fn cuda_shared_memory_unregister(
@@ -300,9 +300,8 @@ async fn infer_one(
     };
     let limits = *state.limits();
     let regions = state.shared_memory().clone();
-    // An input in shared memory is read by the decoder: a large one off the runtime, as a large body is.
     let in_memory = request.inputs.iter().any(|i| i.parameters.contains_key(shm::REGION_PARAMETER));
-    let len = if in_memory { len.max(INLINE_WORK_BYTES + 1) } else { len };
+    let len = decode_bytes(len, in_memory);
     let call = decode(&model, len, move |meta| decode_infer(request, meta, &limits, &*regions)).await?;
     let deadline = [call.timeout.and_then(deadline_in), deadline.map(|d| d.0)].into_iter().flatten().min();
     let request = InferRequest::new(Input::Tensors(call.inputs)).with_deadline(deadline);

@@ -57,6 +57,16 @@ impl Served {
     }
 }
 
+/// The work a decode does, in bytes, for [`decode`]: the body's `len`; where an input is in shared memory, which the
+/// decoder reads however small the body, at least enough to leave the runtime.
+pub fn decode_bytes(len: usize, in_shared_memory: bool) -> usize {
+    if in_shared_memory {
+        len.max(INLINE_WORK_BYTES + 1)
+    } else {
+        len
+    }
+}
+
 /// Decodes a protocol's body of `len` bytes for `model` with `decode`, given the model as the protocols see it:
 /// off the runtime when the body is large. Errors name the model.
 pub async fn decode<T: Send + 'static>(

@@ -39,8 +39,32 @@ pub mod tei;
 pub mod v2;
 pub mod zero_shot;
 
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use inferd_models::Texts;
 use serde::Deserialize;
+
+use crate::error::{body_error, AppError};
+
+/// A small JSON body (a setting, a registration): refused, saying what was wrong, where it is not a `T`.
+pub(crate) fn json_request<T: for<'de> Deserialize<'de>>(
+    body: Result<Bytes, BytesRejection>,
+    what: &str,
+) -> Result<T, AppError> {
+    let body = body.map_err(body_error)?;
+    serde_json::from_slice(&body).map_err(|e| AppError::bad_request(format!("invalid {what} request: {e}")))
+}
+
+/// A small JSON body that may be empty (`None`).
+pub(crate) fn optional_json<T: for<'de> Deserialize<'de>>(
+    body: Result<Bytes, BytesRejection>,
+    what: &str,
+) -> Result<Option<T>, AppError> {
+    match body {
+        Ok(body) if body.iter().all(u8::is_ascii_whitespace) => Ok(None),
+        body => json_request(body, what).map(Some),
+    }
+}
 
 /// What TEI's `inputs` and OpenAI's `input` hold: a text or a token list, or a list of either.
 #[derive(Deserialize, utoipa::ToSchema)]

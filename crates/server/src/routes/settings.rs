@@ -10,7 +10,8 @@ use axum::Json;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::error::{body_error, AppError, ErrorBody};
+use super::json_request;
+use crate::error::{AppError, ErrorBody};
 use crate::logging::{logging, LogSettings, LogUpdate};
 use crate::request::resolve_named;
 use crate::state::AppState;
@@ -24,15 +25,6 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(model_trace_settings, update_model_trace_settings))
 }
 
-/// A JSON body as `T`, refused with what was wrong.
-fn json_body<T: for<'de> serde::Deserialize<'de>>(
-    body: Result<Bytes, BytesRejection>,
-    what: &str,
-) -> Result<T, AppError> {
-    let body = body.map_err(body_error)?;
-    serde_json::from_slice(&body).map_err(|e| AppError::bad_request(format!("invalid {what}: {e}")))
-}
-
 /// The log's settings.
 #[utoipa::path(get, path = "/v2/logging", tag = "kserve-v2", responses((status = 200, body = LogSettings)),
     security(("api_key" = [])))]
@@ -44,7 +36,7 @@ async fn log_settings() -> Json<LogSettings> {
 #[utoipa::path(post, path = "/v2/logging", tag = "kserve-v2", request_body(content = LogUpdate),
     responses((status = 200, body = LogSettings), (status = 400, body = ErrorBody)), security(("api_key" = [])))]
 async fn update_log_settings(body: Result<Bytes, BytesRejection>) -> Result<Json<LogSettings>, AppError> {
-    let update: LogUpdate = json_body(body, "log settings")?;
+    let update: LogUpdate = json_request(body, "log settings")?;
     Ok(Json(logging().update(update)?))
 }
 
@@ -62,7 +54,7 @@ fn shown(settings: BTreeMap<&'static str, Vec<String>>) -> serde_json::Value {
 
 /// A trace settings body: each value a string or a list of strings, or `null` to reset it.
 fn changes(body: Result<Bytes, BytesRejection>) -> Result<Vec<Change>, AppError> {
-    let given: BTreeMap<String, serde_json::Value> = json_body(body, "trace settings")?;
+    let given: BTreeMap<String, serde_json::Value> = json_request(body, "trace settings")?;
     given
         .into_iter()
         .map(|(name, value)| {

@@ -12,8 +12,9 @@ use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::error::{body_error, AppError, ErrorBody};
-use crate::shm::{not_registered, RegionStatus};
+use super::json_request;
+use crate::error::{AppError, ErrorBody};
+use crate::shm::{cuda_refused, not_registered, RegionStatus};
 use crate::state::AppState;
 
 /// The routes, behind the API key when one is configured.
@@ -63,15 +64,14 @@ async fn system_region_status(
 #[utoipa::path(post, path = "/v2/systemsharedmemory/region/{region}/register", tag = "shared-memory",
     params(("region" = String, Path, description = "The name requests will give the region")),
     request_body(content = RegisterRequest),
-    responses((status = 200, description = "Registered"), (status = 400, body = ErrorBody)), security(("api_key" = [])))]
+    responses((status = 200, description = "Registered"), (status = 400, body = ErrorBody)),
+    security(("api_key" = [])))]
 async fn system_register(
     State(state): State<AppState>,
     Path(region): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, AppError> {
-    let body = body.map_err(body_error)?;
-    let RegisterRequest { key, offset, byte_size } = serde_json::from_slice(&body)
-        .map_err(|e| AppError::bad_request(format!("invalid shared memory register request: {e}")))?;
+    let RegisterRequest { key, offset, byte_size } = json_request(body, "shared memory register")?;
     state.shared_memory().register(region, key, offset, byte_size).await?;
     Ok(StatusCode::OK)
 }
@@ -94,10 +94,6 @@ async fn system_unregister(State(state): State<AppState>, Path(region): Path<Str
     StatusCode::OK
 }
 
-/// What registering a CUDA shared-memory region answers.
-pub const NO_CUDA_SHARED_MEMORY: &str = "CUDA shared memory (cudaIPC handles) is not served by inferd: register \
-    system shared memory (/v2/systemsharedmemory, with --allow-client-shm), or send the tensors in the request";
-
 /// Every registered CUDA shared-memory region: none.
 #[utoipa::path(get, path = "/v2/cudasharedmemory/status", tag = "shared-memory",
     responses((status = 200, body = Vec<Object>)), security(("api_key" = [])))]
@@ -118,7 +114,7 @@ async fn cuda_region_status(Path(region): Path<String>) -> AppError {
     params(("region" = String, Path, description = "The region's name")),
     responses((status = 400, body = ErrorBody)), security(("api_key" = [])))]
 async fn cuda_register(Path(_region): Path<String>) -> AppError {
-    AppError::bad_request(NO_CUDA_SHARED_MEMORY)
+    cuda_refused()
 }
 
 /// Unregisters every CUDA shared-memory region: there are none (clients such as perf_analyzer call it first).

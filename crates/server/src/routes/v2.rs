@@ -9,17 +9,17 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use inferd_models::{Input, Request};
-use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::optional_json;
 use crate::codec::shm::REGION_PARAMETER;
 use crate::codec::v2::models::{
     TritonModelConfig, V2IndexEntry, V2IndexRequest, V2LoadRequest, V2ModelMetadata, V2ServerMetadata, V2Statistics,
 };
 use crate::codec::v2::{decode_infer, encode_infer, V2InferRequest, V2InferResponse, JSON_LENGTH_HEADER};
 use crate::error::{body_error, AppError, ErrorBody, InferErrors};
-use crate::ops::infer::{classify_outputs, deadline_in, decode, encode, infer, INLINE_WORK_BYTES};
+use crate::ops::infer::{classify_outputs, deadline_in, decode, decode_bytes, encode, infer};
 use crate::ops::models;
 use crate::ops::repository;
 use crate::request::{InflightHold, RoutedModel};
@@ -89,18 +89,6 @@ async fn repository_index(
 ) -> Result<Json<Vec<V2IndexEntry>>, AppError> {
     let request: V2IndexRequest = optional_json(body, "index")?.unwrap_or_default();
     Ok(Json(repository::index(&state, request.ready).await?))
-}
-
-/// A JSON body that may be empty.
-fn optional_json<T: for<'de> Deserialize<'de>>(
-    body: Result<Bytes, BytesRejection>,
-    what: &str,
-) -> Result<Option<T>, AppError> {
-    let body = body.map_err(body_error)?;
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(None);
-    }
-    serde_json::from_slice(&body).map(Some).map_err(|e| AppError::bad_request(format!("invalid {what} request: {e}")))
 }
 
 /// Loads a model, or loads it again: reads its folder in the repository (a changed `model.toml` or weights file
@@ -233,10 +221,9 @@ async fn run_infer(
     let body = body.map_err(body_error)?;
     let limits = *state.limits();
     let regions = state.shared_memory().clone();
-    // An input in shared memory is read by the decoder: a large one off the runtime, as a large body is.
     let json = &body[..json_length.unwrap_or(body.len()).min(body.len())];
     let in_memory = regions.in_use() && json.windows(REGION_PARAMETER.len()).any(|w| w == REGION_PARAMETER.as_bytes());
-    let len = if in_memory { body.len().max(INLINE_WORK_BYTES + 1) } else { body.len() };
+    let len = decode_bytes(body.len(), in_memory);
     let call = decode(&model, len, move |meta| decode_infer(&body, json_length, meta, &limits, &*regions)).await?;
     let request = Request::new(Input::Tensors(call.inputs)).with_deadline(call.timeout.and_then(deadline_in));
     let request = crate::ops::text::with_dimensions(&model, request, call.dimensions)?;
