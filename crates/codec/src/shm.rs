@@ -19,8 +19,8 @@ pub const OFFSET_PARAMETER: &str = "shared_memory_offset";
 pub trait Region: Send + Sync {
     /// Its bytes.
     fn byte_size(&self) -> usize;
-    /// Fills `out` from `offset`, within the region (the caller checked the span).
-    fn read(&self, offset: usize, out: &mut [u8]) -> std::io::Result<()>;
+    /// A copy of `len` bytes from `offset`, within the region (the caller checked the span).
+    fn read(&self, offset: usize, len: usize) -> std::io::Result<Vec<u8>>;
     /// Writes `bytes` at `offset`, within the region (the caller checked the span).
     fn write(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()>;
 }
@@ -111,9 +111,7 @@ impl Span {
 
     /// A copy of the span's bytes.
     pub fn read(&self) -> Result<Vec<u8>, String> {
-        let mut bytes = vec![0; self.size];
-        self.region.read(self.offset, &mut bytes).map_err(|e| self.failed("reading", &e))?;
-        Ok(bytes)
+        self.region.read(self.offset, self.size).map_err(|e| self.failed("reading", &e))
     }
 
     /// Writes `bytes` at the span's start: refused where they do not fit it.
@@ -157,10 +155,9 @@ impl Region for MemoryRegion {
         self.0.lock().map(|b| b.len()).unwrap_or(0)
     }
 
-    fn read(&self, offset: usize, out: &mut [u8]) -> std::io::Result<()> {
+    fn read(&self, offset: usize, len: usize) -> std::io::Result<Vec<u8>> {
         let bytes = self.0.lock().map_err(|_| std::io::Error::other("poisoned"))?;
-        out.copy_from_slice(&bytes[offset..offset + out.len()]);
-        Ok(())
+        Ok(bytes[offset..offset + len].to_vec())
     }
 
     fn write(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()> {

@@ -114,16 +114,28 @@ impl<'de> Deserialize<'de> for DataType {
 }
 
 /// A Rust type that stores one element of a fixed-size [`DataType`], little-endian.
-pub trait Element: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
+pub trait Element: Copy + Send + Sync + PartialEq + fmt::Debug + bytemuck::NoUninit + 'static {
     const DTYPE: DataType;
     /// Bytes per element, as `DTYPE.size()`.
     const SIZE: usize;
     /// Appends this element's little-endian bytes.
     fn put(self, out: &mut Vec<u8>);
-    /// Writes this element's little-endian bytes into exactly `SIZE` bytes.
-    fn write(self, out: &mut [u8]);
     /// Reads one element from exactly `SIZE` little-endian bytes.
     fn get(bytes: &[u8]) -> Self;
+    /// Little-endian `bytes` seen as elements, without a copy: `None` where they are not aligned for `Self`, where
+    /// this machine is big-endian, or where some bytes would not be valid elements (`bool`).
+    fn view(bytes: &[u8]) -> Option<&[Self]>;
+}
+
+/// The little-endian bytes of `values`: borrowed where this machine is little-endian, else copied.
+pub fn le_bytes<T: Element>(values: &[T]) -> std::borrow::Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        std::borrow::Cow::Borrowed(bytemuck::cast_slice(values))
+    } else {
+        let mut out = Vec::with_capacity(std::mem::size_of_val(values));
+        values.iter().for_each(|v| v.put(&mut out));
+        std::borrow::Cow::Owned(out)
+    }
 }
 
 macro_rules! numeric_element {
@@ -136,14 +148,18 @@ macro_rules! numeric_element {
                 out.extend_from_slice(&self.to_le_bytes());
             }
             #[inline]
-            fn write(self, out: &mut [u8]) {
-                out.copy_from_slice(&self.to_le_bytes());
-            }
-            #[inline]
             fn get(bytes: &[u8]) -> Self {
                 let mut raw = [0u8; std::mem::size_of::<$t>()];
                 raw.copy_from_slice(bytes);
                 <$t>::from_le_bytes(raw)
+            }
+            #[inline]
+            fn view(bytes: &[u8]) -> Option<&[Self]> {
+                if cfg!(target_endian = "little") {
+                    bytemuck::try_cast_slice(bytes).ok()
+                } else {
+                    None
+                }
             }
         }
     )*};
@@ -163,12 +179,13 @@ impl Element for bool {
         out.push(u8::from(self));
     }
     #[inline]
-    fn write(self, out: &mut [u8]) {
-        out[0] = u8::from(self);
-    }
-    #[inline]
     fn get(bytes: &[u8]) -> Self {
         bytes[0] != 0
+    }
+    #[inline]
+    fn view(_: &[u8]) -> Option<&[Self]> {
+        // A byte other than 0 or 1 is not a `bool`.
+        None
     }
 }
 

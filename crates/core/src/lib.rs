@@ -17,7 +17,7 @@ pub use config::{
     DEFAULT_TEXT_WEIGHTS, MAX_BATCH_SIZE_LIMIT, MAX_IMAGE_SIDE, MAX_INSTANCES, MAX_WARMUP_ELEMENTS, MODEL_CONFIG_FILE,
     PROCESSOR_CONFIG_FILE,
 };
-pub use dtype::{DataType, Element, UnknownDataType};
+pub use dtype::{le_bytes, DataType, Element, UnknownDataType};
 pub use engine::{Engine, ModelMetadata};
 pub use error::{Error, Result};
 pub use host::HostMemory;

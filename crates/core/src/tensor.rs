@@ -62,12 +62,9 @@ impl Tensor {
 
     /// A tensor from typed elements.
     pub fn from_slice<T: Element>(shape: Vec<usize>, values: &[T]) -> Result<Self> {
-        // Written into place rather than pushed: a copy the compiler can make one loop of wide moves.
-        let mut data = vec![0; values.len() * T::SIZE];
-        for (out, &v) in data.chunks_exact_mut(T::SIZE).zip(values) {
-            v.write(out);
-        }
-        Tensor::new(T::DTYPE, shape, data)
+        // One copy into memory that is not asked to be zeroed: jemalloc zeroes a reused block of many megabytes by
+        // handing its pages back, and each page then faults in again on the first write.
+        Tensor::new(T::DTYPE, shape, crate::dtype::le_bytes(values).into_owned())
     }
 
     /// A tensor of zeros (empty strings for `BYTES`).
@@ -126,12 +123,10 @@ impl Tensor {
         // without stopping (the compiler makes that a vector loop), and element by element in the one block that
         // has such a value. Inputs and outputs of many MiB are scanned on every request.
         let found = match self.dtype {
-            DataType::Fp16 => first_with::<2>(bytes, |b| u16::from_le_bytes(b) & 0x7c00 == 0x7c00),
-            DataType::Bf16 => first_with::<2>(bytes, |b| u16::from_le_bytes(b) & 0x7f80 == 0x7f80),
-            DataType::Fp32 => first_with::<4>(bytes, |b| u32::from_le_bytes(b) & 0x7f80_0000 == 0x7f80_0000),
-            DataType::Fp64 => {
-                first_with::<8>(bytes, |b| u64::from_le_bytes(b) & 0x7ff0_0000_0000_0000 == 0x7ff0_0000_0000_0000)
-            }
+            DataType::Fp16 => first_with(bytes, |w: u16| w & 0x7c00 == 0x7c00),
+            DataType::Bf16 => first_with(bytes, |w: u16| w & 0x7f80 == 0x7f80),
+            DataType::Fp32 => first_with(bytes, |w: u32| w & 0x7f80_0000 == 0x7f80_0000),
+            DataType::Fp64 => first_with(bytes, |w: u64| w & 0x7ff0_0000_0000_0000 == 0x7ff0_0000_0000_0000),
             _ => None,
         }?;
         let b = &bytes[found * self.dtype.size()?..];
@@ -157,8 +152,20 @@ impl Tensor {
     /// The elements as `T`, which must be this tensor's element type.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         match &self.data {
-            TensorData::Fixed(bytes) if self.dtype == T::DTYPE => Ok(bytes.chunks_exact(T::SIZE).map(T::get).collect()),
+            TensorData::Fixed(bytes) if self.dtype == T::DTYPE => Ok(match T::view(bytes) {
+                Some(elements) => elements.to_vec(),
+                None => bytes.chunks_exact(T::SIZE).map(T::get).collect(),
+            }),
             _ => Err(Error::InvalidInput(format!("tensor is {}, not {}", self.dtype, T::DTYPE))),
+        }
+    }
+
+    /// The elements, borrowed: `None` where the tensor is not of `T`, or its bytes cannot be seen as `T`s without
+    /// a copy (see [`Element::view`]).
+    pub fn as_slice<T: Element>(&self) -> Option<&[T]> {
+        match &self.data {
+            TensorData::Fixed(bytes) if self.dtype == T::DTYPE => T::view(bytes),
+            _ => None,
         }
     }
 
@@ -279,12 +286,20 @@ impl Tensor {
 }
 
 /// The index of the first `N`-byte element of `bytes` for which `bad` holds.
-fn first_with<const N: usize>(bytes: &[u8], bad: impl Fn([u8; N]) -> bool) -> Option<usize> {
+fn first_with<W: Element>(bytes: &[u8], bad: impl Fn(W) -> bool) -> Option<usize> {
     const BLOCK: usize = 512;
-    let element = |c: &[u8]| <[u8; N]>::try_from(c).is_ok_and(&bad);
-    bytes.chunks(BLOCK * N).enumerate().find_map(|(b, block)| {
-        let any = block.chunks_exact(N).fold(false, |any, c| any | element(c));
-        any.then(|| block.chunks_exact(N).position(element).map(|i| b * BLOCK + i)).flatten()
+    // Read as words in place where they can be (the compiler's vector loop then loads them whole); else each
+    // element's bytes are put together.
+    if let Some(words) = W::view(bytes) {
+        return words.chunks(BLOCK).enumerate().find_map(|(b, block)| {
+            let any = block.iter().fold(false, |any, &w| any | bad(w));
+            any.then(|| block.iter().position(|&w| bad(w)).map(|i| b * BLOCK + i)).flatten()
+        });
+    }
+    let element = |c: &[u8]| bad(W::get(c));
+    bytes.chunks(BLOCK * W::SIZE).enumerate().find_map(|(b, block)| {
+        let any = block.chunks_exact(W::SIZE).fold(false, |any, c| any | element(c));
+        any.then(|| block.chunks_exact(W::SIZE).position(element).map(|i| b * BLOCK + i)).flatten()
     })
 }
 
@@ -318,6 +333,24 @@ mod tests {
         assert!(
             matches!(Tensor::from_slice(vec![1501], &wide).expect("valid").first_non_finite(), Some((1500, v)) if v.is_nan())
         );
+        // Bytes that cannot be seen as words in place are read element by element, to the same answer.
+        let mut shifted = vec![0u8];
+        shifted.extend_from_slice(crate::dtype::le_bytes(&values).as_ref());
+        let bad = |w: u32| w & 0x7f80_0000 == 0x7f80_0000;
+        assert!(u32::view(&shifted[1..]).is_none());
+        assert_eq!(first_with(&shifted[1..], bad), Some(2777));
+        assert_eq!(first_with(&shifted[1..2777 * 4 + 1], bad), None);
+    }
+
+    #[test]
+    fn elements_are_borrowed_in_place_only_as_their_own_type() {
+        let t = Tensor::from_slice(vec![3], &[1.5f32, -2.0, 0.25]).expect("valid");
+        assert_eq!(t.as_slice::<f32>(), Some(&[1.5f32, -2.0, 0.25][..]));
+        assert_eq!(t.as_slice::<u32>(), None);
+        let flags = Tensor::from_slice(vec![2], &[true, false]).expect("valid");
+        assert_eq!(flags.raw_bytes(), Some(&[1u8, 0][..]));
+        assert_eq!(flags.as_slice::<bool>(), None);
+        assert_eq!(flags.to_vec::<bool>().expect("bool"), vec![true, false]);
     }
 
     fn iota(rows: usize, cols: usize, offset: f32) -> Tensor {

@@ -397,10 +397,13 @@ fn graph_precision(inputs: &[TensorSpec], outputs: &[TensorSpec]) -> Precision {
     }
 }
 
-fn to_ort(t: &Tensor) -> Result<DynValue> {
+/// A batch's tensor as a session's input: its own memory where ONNX Runtime can read the elements in place (aligned,
+/// little-endian), else a copy.
+fn to_ort(t: &Tensor) -> Result<SessionInputValue<'_>> {
     let shape: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
-    let value = with_element_type!(t.dtype(), T => {
-        ort::value::Tensor::<T>::from_array((shape, t.to_vec::<T>()?)).map(|v| v.into_dyn())
+    let value = with_element_type!(t.dtype(), T => match t.as_slice::<T>() {
+        Some(elements) => ort::value::TensorRef::<T>::from_array_view((shape, elements)).map(SessionInputValue::from),
+        None => ort::value::Tensor::<T>::from_array((shape, t.to_vec::<T>()?)).map(|v| v.into_dyn().into()),
     }, BYTES => {
         let strings = t
             .byte_strings()
@@ -409,7 +412,7 @@ fn to_ort(t: &Tensor) -> Result<DynValue> {
             .map(|b| String::from_utf8(b.clone()))
             .collect::<std::result::Result<Vec<String>, _>>()
             .map_err(|_| Error::InvalidInput("a BYTES element is not UTF-8, which ONNX strings must be".into()))?;
-        ort::value::Tensor::from_string_array((shape, strings.as_slice())).map(|v| v.into_dyn())
+        ort::value::Tensor::from_string_array((shape, strings.as_slice())).map(|v| v.into_dyn().into())
     });
     value.map_err(Error::engine)
 }
@@ -475,8 +478,8 @@ impl Engine for OnnxEngine {
 }
 
 /// A batch's tensors as the session's inputs, named by `specs`.
-fn session_inputs<'a>(specs: &'a [TensorSpec], inputs: &[Tensor]) -> Result<Vec<(&'a str, SessionInputValue<'a>)>> {
-    specs.iter().zip(inputs).map(|(spec, t)| Ok((spec.name.as_str(), SessionInputValue::from(to_ort(t)?)))).collect()
+fn session_inputs<'a>(specs: &'a [TensorSpec], inputs: &'a [Tensor]) -> Result<Vec<(&'a str, SessionInputValue<'a>)>> {
+    specs.iter().zip(inputs).map(|(spec, t)| Ok((spec.name.as_str(), to_ort(t)?))).collect()
 }
 
 /// The session's output `name`.

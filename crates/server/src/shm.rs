@@ -207,8 +207,22 @@ impl Region for SystemRegion {
         self.byte_size as usize
     }
 
-    fn read(&self, offset: usize, out: &mut [u8]) -> std::io::Result<()> {
-        self.file.read_exact_at(out, self.offset + offset as u64)
+    fn read(&self, offset: usize, len: usize) -> std::io::Result<Vec<u8>> {
+        // Read into memory that is neither zeroed nor written first: a block of many megabytes that jemalloc reuses
+        // is zeroed by handing its pages back, each then faulting in again; writing zeros is one more pass.
+        let mut bytes = Vec::with_capacity(len);
+        while bytes.len() < len {
+            let at = self.offset + (offset + bytes.len()) as u64;
+            if rustix::io::pread(&self.file, rustix::buffer::spare_capacity(&mut bytes), at)? == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the shared-memory object ends before the region does",
+                ));
+            }
+        }
+        // The spare capacity may be larger than asked for.
+        bytes.truncate(len);
+        Ok(bytes)
     }
 
     fn write(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()> {
@@ -229,5 +243,24 @@ mod tests {
             assert_eq!(object_name(key), None, "{key}");
         }
         assert_eq!(object_name(&"x".repeat(256)), None);
+    }
+
+    #[test]
+    fn a_region_reads_its_own_bytes_and_refuses_an_object_that_shrank() {
+        let key = format!("/inferd-unit-{}", std::process::id());
+        let path = Path::new(SHM_DIR).join(object_name(&key).expect("a name"));
+        let bytes: Vec<u8> = (0..=255).collect();
+        std::fs::write(&path, &bytes).expect("write the object");
+        let region = SystemRegion::open(key, 8, 200);
+        let read = region.as_ref().map(|r| (r.read(4, 100), r.read(0, 0)));
+        // The object shrinks under the registered region: a read past its new end is an error, not short bytes.
+        let shrunk = std::fs::OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(100));
+        let after = region.as_ref().map(|r| r.read(50, 100).map_err(|e| e.kind()));
+        std::fs::remove_file(&path).expect("remove the object");
+        let (within, empty) = read.expect("registered");
+        assert_eq!(within.expect("read"), bytes[12..112]);
+        assert_eq!(empty.expect("read"), Vec::<u8>::new());
+        shrunk.expect("shrink");
+        assert_eq!(after.expect("registered"), Err(std::io::ErrorKind::UnexpectedEof));
     }
 }
