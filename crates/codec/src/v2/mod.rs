@@ -403,6 +403,15 @@ pub(crate) fn binary_form(t: &Tensor, out: &mut Vec<u8>) {
     }
 }
 
+/// The length of [`binary_form`]'s bytes.
+fn binary_size(t: &Tensor) -> usize {
+    match (t.raw_bytes(), t.byte_strings()) {
+        (Some(bytes), _) => bytes.len(),
+        (None, Some(strings)) => strings.iter().map(|s| 4 + s.len()).sum(),
+        (None, None) => 0,
+    }
+}
+
 /// Encodes an answer: the JSON part, then the binary outputs in the JSON's order; outputs asked in shared memory
 /// are written there. Returns the body and, when binary outputs follow, the JSON part's length.
 pub fn encode_infer(
@@ -413,6 +422,7 @@ pub fn encode_infer(
     outputs: &[Tensor],
     selection: &[Wanted],
 ) -> Result<(Vec<u8>, Option<usize>), CodecError> {
+    // The binary parts are sized first and copied once, straight after the JSON part.
     let mut binary = Vec::new();
     let mut json_outputs = Vec::with_capacity(selection.len());
     for wanted in selection {
@@ -424,9 +434,8 @@ pub fn encode_infer(
             None
         } else {
             wanted.binary.then(|| {
-                let start = binary.len();
-                binary_form(t, &mut binary);
-                V2BinaryOutput { binary_data_size: binary.len() - start }
+                binary.push(t);
+                V2BinaryOutput { binary_data_size: binary_size(t) }
             })
         };
         let in_data = !wanted.binary && wanted.memory.is_none();
@@ -442,7 +451,8 @@ pub fn encode_infer(
     let mut body = serde_json::to_vec(&response).map_err(|e| CodecError::Encode(e.to_string()))?;
     let json_len = body.len();
     let has_binary = selection.iter().any(|w| w.binary);
-    body.extend_from_slice(&binary);
+    body.reserve_exact(binary.iter().map(|t| binary_size(t)).sum());
+    binary.into_iter().for_each(|t| binary_form(t, &mut body));
     Ok((body, has_binary.then_some(json_len)))
 }
 
