@@ -109,32 +109,78 @@ impl Limits {
 /// Refuses JSON that nests arrays and objects deeper than `max`, stopping at the first bracket past it, before
 /// anything parses the JSON. Brackets inside strings do not count.
 pub fn check_json_depth(json: &[u8], max: usize) -> Result<(), CodecError> {
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for &b in json {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
+    DepthScan::new(max).feed(json)
+}
+
+/// JSON's nesting followed a piece at a time: [`check_json_depth`] over bytes that arrive in parts.
+#[derive(Debug, Clone)]
+pub struct DepthScan {
+    max: usize,
+    depth: usize,
+    in_string: bool,
+    escaped: bool,
+}
+
+impl DepthScan {
+    pub fn new(max: usize) -> DepthScan {
+        DepthScan { max, depth: 0, in_string: false, escaped: false }
+    }
+
+    /// Follows the JSON's next `bytes`: an error at the first bracket deeper than the maximum.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<(), CodecError> {
+        for &b in bytes {
+            if self.in_string {
+                match (self.escaped, b) {
+                    (true, _) => self.escaped = false,
+                    (false, b'\\') => self.escaped = true,
+                    (false, b'"') => self.in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => self.in_string = true,
+                b'[' | b'{' => {
+                    self.depth += 1;
+                    if self.depth > self.max {
+                        return Err(CodecError::Invalid(format!(
+                            "the JSON nests deeper than {} levels (--max-json-depth)",
+                            self.max
+                        )));
+                    }
+                }
+                b']' | b'}' => self.depth = self.depth.saturating_sub(1),
                 _ => {}
             }
-            continue;
         }
-        match b {
-            b'"' => in_string = true,
-            b'[' | b'{' => {
-                depth += 1;
-                if depth > max {
-                    return Err(CodecError::Invalid(format!(
-                        "the JSON nests deeper than {max} levels (--max-json-depth)"
-                    )));
-                }
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
+        Ok(())
     }
-    Ok(())
+}
+
+/// A reader of JSON whose nesting is checked as its bytes pass ([`DepthScan`]): past the maximum, reading fails,
+/// and the error is kept in `over`.
+pub struct DepthChecked<R> {
+    inner: R,
+    scan: DepthScan,
+    pub over: Option<CodecError>,
+}
+
+impl<R: std::io::Read> DepthChecked<R> {
+    pub fn new(inner: R, max: usize) -> DepthChecked<R> {
+        DepthChecked { inner, scan: DepthScan::new(max), over: None }
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for DepthChecked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if let Err(e) = self.scan.feed(&buf[..n]) {
+            let message = e.to_string();
+            self.over = Some(e);
+            return Err(std::io::Error::other(message));
+        }
+        Ok(n)
+    }
 }
 
 /// Longest name or shape a message quotes from a client; the rest is cut.

@@ -9,7 +9,7 @@ use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 
 use super::json::{NestedJson, Tally, TensorSeed};
-use super::{check_json_depth, names, quoted, CodecError, Limits};
+use super::{check_json_depth, names, quoted, CodecError, DepthChecked, Limits};
 
 /// A `/predict` body: one input as `input`, or several by name in `inputs`. Tensors are nested arrays, one
 /// array per row. The body decodes into this in one pass, each tensor straight into typed bytes
@@ -33,9 +33,32 @@ pub struct NamedTensors(pub Vec<(usize, Tensor)>);
 /// within `limits`: rows and elements past the limits stop the decoding where they are met.
 pub fn decode_predict(body: &[u8], specs: &[TensorSpec], limits: &Limits) -> Result<Vec<Option<Tensor>>, CodecError> {
     check_json_depth(body, limits.max_json_depth)?;
+    decode_with(&mut serde_json::Deserializer::from_slice(body), specs, limits)
+}
+
+/// [`decode_predict`] of a body read as it arrives (a compressed one, inflating): the limits, the nesting depth's
+/// among them, stop the reading where they are met, so that a body past them is never held whole.
+pub fn decode_predict_from(
+    body: impl std::io::Read,
+    specs: &[TensorSpec],
+    limits: &Limits,
+) -> Result<Vec<Option<Tensor>>, CodecError> {
+    // serde_json reads a reader a byte at a time: from a buffer, which the depth check fills a block at a time.
+    let mut checked = std::io::BufReader::new(DepthChecked::new(body, limits.max_json_depth));
+    let decoded = decode_with(&mut serde_json::Deserializer::from_reader(&mut checked), specs, limits);
+    match checked.get_mut().over.take() {
+        Some(too_deep) => Err(too_deep),
+        None => decoded,
+    }
+}
+
+fn decode_with<'de, R: serde_json::de::Read<'de>>(
+    de: &mut serde_json::Deserializer<R>,
+    specs: &[TensorSpec],
+    limits: &Limits,
+) -> Result<Vec<Option<Tensor>>, CodecError> {
     let mut tally = Tally::new(*limits);
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let decoded = PredictBody { specs, tally: &mut tally }.deserialize(&mut de).and_then(|r| de.end().map(|()| r));
+    let decoded = PredictBody { specs, tally: &mut tally }.deserialize(&mut *de).and_then(|r| de.end().map(|()| r));
     let request = decoded.map_err(|e| tally.over.take().unwrap_or_else(|| CodecError::Invalid(e.to_string())))?;
     let mut slots: Vec<Option<Tensor>> = vec![None; specs.len()];
     if let Some(t) = request.input {

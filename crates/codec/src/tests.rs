@@ -177,6 +177,54 @@ fn a_huge_body_is_decoded_no_further_than_the_limits() {
     assert!(stopped.column() <= 4097 * (row.len() + 1) + 1, "stopped at column {} of {}", stopped.column(), body.len());
 }
 
+/// A reader of `body`'s bytes, a few at a time, that counts how many were read.
+struct Trickle {
+    body: Vec<u8>,
+    read: std::rc::Rc<std::cell::Cell<usize>>,
+}
+
+impl std::io::Read for Trickle {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(1000).min(self.body.len() - self.read.get());
+        let at = self.read.get();
+        buf[..n].copy_from_slice(&self.body[at..at + n]);
+        self.read.set(at + n);
+        Ok(n)
+    }
+}
+
+#[test]
+fn a_body_read_as_it_arrives_decodes_as_a_whole_one_and_stops_at_the_limits() {
+    let trickle = |body: &str| {
+        let read = std::rc::Rc::new(std::cell::Cell::new(0));
+        (Trickle { body: body.as_bytes().to_vec(), read: read.clone() }, read)
+    };
+    let specs = digits();
+    let limits = Limits { max_rows: 4096, max_elements: 16 << 20, max_json_depth: 4 };
+    let body = r#"{"input": [[1, 2.5, 3], [4, 5, 6e-1]]}"#;
+    let (reader, read) = trickle(body);
+    let streamed = super::predict::decode_predict_from(reader, &specs, &limits).expect("decodes");
+    assert_eq!(streamed, decode_predict(body.as_bytes(), &specs, &limits).expect("decodes"));
+    assert_eq!(read.get(), body.len());
+    // Rows past the limit: the reading stops within a buffer of row 4097.
+    let row = format!("[{}]", ["0"; 3].join(","));
+    let huge = format!(r#"{{"input": [{}]}}"#, vec![row.as_str(); 100_000].join(","));
+    let (reader, read) = trickle(&huge);
+    let err = super::predict::decode_predict_from(reader, &specs, &limits).expect_err("over the rows");
+    assert!(matches!(&err, CodecError::OverLimit(m) if m.contains("more than 4096 rows")), "{err}");
+    assert!(read.get() < 4097 * (row.len() + 1) + 16 * 1024, "read {} of {}", read.get(), huge.len());
+    // Nesting past the limit, and bytes after the JSON, as a whole body hears them.
+    for bad in [r#"{"input": [[[[[1]]]]]}"#, r#"{"input": [[1, 2, 3]]} x"#, r#"{"input": [[1, 2, 3]"#] {
+        let (reader, _) = trickle(bad);
+        let streamed = super::predict::decode_predict_from(reader, &specs, &limits).expect_err("refused");
+        let whole = decode_predict(bad.as_bytes(), &specs, &limits).expect_err("refused");
+        assert_eq!(std::mem::discriminant(&streamed), std::mem::discriminant(&whole), "{streamed} / {whole}");
+    }
+    let (reader, _) = trickle(r#"{"input": [[[[[1]]]]]}"#);
+    let err = super::predict::decode_predict_from(reader, &specs, &limits).expect_err("too deep");
+    assert!(err.to_string().contains("--max-json-depth"), "{err}");
+}
+
 #[test]
 fn long_names_are_cut_in_messages() {
     let name = "n".repeat(5000);

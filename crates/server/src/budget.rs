@@ -4,15 +4,22 @@
 //! is read; so however many connections send maximal bodies, what requests hold stays within the budget.
 //!
 //! The checkpoint reads each inference body through [`Hold::collect`], which holds what it reads, and hands the
-//! request's [`Hold`] to its handler; the inference path adds the decoded tensors to it with [`Hold::take`].
+//! request's [`Hold`] to its handler; the inference path adds the decoded tensors to it with [`Hold::take`]. A route
+//! that decodes a body as it arrives gets it unread ([`Payload::Unread`]) and reads it through [`Hold::meter`],
+//! which holds each byte as it is read.
 
+use std::io::Read;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, Request};
 use axum::http::{header, HeaderMap};
+use futures_util::Stream;
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use crate::error::{AppError, ErrorKind};
 
@@ -117,12 +124,6 @@ impl Hold {
     }
 
     async fn read(&self, headers: &HeaderMap, body: &mut Body, max_body_bytes: usize) -> Result<Bytes, AppError> {
-        let too_large = || {
-            AppError::new(
-                ErrorKind::PayloadTooLarge,
-                "the request body is larger than this server takes (--max-body-bytes)",
-            )
-        };
         let declared = headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
@@ -151,6 +152,109 @@ impl Hold {
             data.extend_from_slice(&chunk);
         }
         Ok(Bytes::from(data))
+    }
+}
+
+fn too_large() -> AppError {
+    AppError::new(ErrorKind::PayloadTooLarge, "the request body is larger than this server takes (--max-body-bytes)")
+}
+
+/// An inference request's body as its handler gets it: read whole by the checkpoint, or left unread for a route that
+/// decodes as it reads, where no `Content-Length` bounds the body (a compressed one, inflating as it is read; see
+/// [`crate::app::checkpoint::Guard::streams`]).
+pub enum Payload {
+    Whole(Bytes),
+    Unread(Body),
+}
+
+/// The checkpoint's mark on a request whose body it left unread.
+#[derive(Clone, Copy)]
+pub struct Unread;
+
+impl Payload {
+    /// The body whole: read now, held and bounded as the checkpoint reads bodies, where it was left unread.
+    pub async fn whole(self, hold: &Hold, headers: &HeaderMap, max_body_bytes: usize) -> Result<Bytes, AppError> {
+        match self {
+            Payload::Whole(bytes) => Ok(bytes),
+            Payload::Unread(body) => hold.collect(headers, body, max_body_bytes).await,
+        }
+    }
+}
+
+impl<S: Send + Sync> FromRequest<S> for Payload {
+    type Rejection = AppError;
+
+    async fn from_request(request: Request, _: &S) -> Result<Self, Self::Rejection> {
+        if request.extensions().get::<Unread>().is_some() {
+            return Ok(Payload::Unread(request.into_body()));
+        }
+        // Read already, within --max-body-bytes, by the checkpoint.
+        axum::body::to_bytes(request.into_body(), usize::MAX)
+            .await
+            .map(Payload::Whole)
+            .map_err(|e| AppError::bad_request(format!("cannot read the request body: {e}")))
+    }
+}
+
+type BodyStream = Pin<Box<dyn Stream<Item = std::io::Result<Bytes>> + Send>>;
+
+/// A body read as it arrives, on a blocking thread: each byte held in the budget as it is read, and no more than
+/// `--max-body-bytes` read. Reading past either fails, and the refusal is kept in `refused`.
+pub struct Metered {
+    reader: SyncIoBridge<StreamReader<BodyStream, Bytes>>,
+    hold: Arc<Hold>,
+    read: usize,
+    held: usize,
+    max_body_bytes: usize,
+    pub refused: Option<AppError>,
+}
+
+impl Hold {
+    /// A reader of `body` for a blocking thread (see [`Metered`]); made on the async runtime, whose handle it keeps.
+    pub fn meter(self: &Arc<Self>, body: Body, max_body_bytes: usize) -> Metered {
+        let stream: BodyStream = Box::pin(BodyExt::map_err(body, std::io::Error::other).into_data_stream());
+        Metered {
+            reader: SyncIoBridge::new(StreamReader::new(stream)),
+            hold: self.clone(),
+            read: 0,
+            held: 0,
+            max_body_bytes,
+            refused: None,
+        }
+    }
+}
+
+impl Metered {
+    /// Reads what is left of a refused body and throws it away, for at most [`DISCARD_FOR`], so that its client
+    /// hears the refusal rather than a broken pipe (as [`Hold::collect`] does).
+    pub async fn discard(self) {
+        let mut rest = self.reader.into_inner();
+        let _ = tokio::time::timeout(DISCARD_FOR, tokio::io::copy(&mut rest, &mut tokio::io::sink())).await;
+    }
+
+    fn refuse(&mut self, refusal: AppError) -> std::io::Error {
+        let message = refusal.to_string();
+        self.refused = Some(refusal);
+        std::io::Error::other(message)
+    }
+}
+
+impl Read for Metered {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.reader.read(buf)?;
+        self.read += n;
+        if self.read > self.max_body_bytes {
+            return Err(self.refuse(too_large()));
+        }
+        if self.read > self.held {
+            // Whole units, so that reads of a few bytes are not each rounded up.
+            let more = (self.read - self.held).div_ceil(UNIT) * UNIT;
+            if let Err(refusal) = self.hold.take(more) {
+                return Err(self.refuse(refusal));
+            }
+            self.held += more;
+        }
+        Ok(n)
     }
 }
 

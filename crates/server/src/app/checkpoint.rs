@@ -8,9 +8,11 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::{Request, State};
 
+use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use crate::budget::Unread;
 use crate::error::AppError;
 use crate::metrics::Protocol;
 use crate::request::{self, ModelFrom, ServedModel};
@@ -36,11 +38,15 @@ pub struct Guard {
     pub protocol: Option<Protocol>,
     /// How the routes' clients expect an error the checkpoint answers itself.
     pub refuse: fn(AppError) -> Response,
+    /// The routes decode a body as it arrives: one that declares no `Content-Length` (a compressed body, inflating
+    /// as it is read) is handed on unread ([`crate::budget::Payload::Unread`]), so that their limits stop the reading
+    /// where they are met, before the body is held whole.
+    pub streams: bool,
 }
 
 impl Guard {
     /// Open routes that name no model.
-    pub const OPEN: Guard = Guard { protected: false, model: None, protocol: None, refuse: plain };
+    pub const OPEN: Guard = Guard { protected: false, model: None, protocol: None, refuse: plain, streams: false };
 }
 
 fn plain(e: AppError) -> Response {
@@ -71,6 +77,11 @@ pub async fn pass(State(checkpoint): State<Checkpoint>, request: Request, next: 
                 }
                 // An inference request's body and tensors count against the in-flight budget until it is answered.
                 let hold = state.budget().hold();
+                if guard.streams && !parts.headers.contains_key(header::CONTENT_LENGTH) {
+                    parts.extensions.insert(hold);
+                    parts.extensions.insert(Unread);
+                    return next.run(Request::from_parts(parts, body)).await;
+                }
                 match hold.collect(&parts.headers, body, state.max_body_bytes()).await {
                     Ok(bytes) => {
                         parts.extensions.insert(hold.clone());

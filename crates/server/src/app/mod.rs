@@ -39,11 +39,9 @@ pub fn api(state: &AppState) -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(guarded(health::metrics_routes(), metrics))
         .merge(guarded(v2::routes().merge(openai::routes()).merge(shm::routes()).merge(settings::routes()), keyed))
         .merge(guarded(v2::model_routes(), model(ModelFrom::Path)))
-        .merge(guarded(
-            dispatch::default_route().merge(dispatch::invocations_route()).merge(dispatch::vertex_routes()),
-            default_predict,
-        ))
-        .merge(guarded(dispatch::named_route(), infer(Protocol::Predict, ModelFrom::Path)))
+        .merge(guarded(dispatch::default_route(), Guard { streams: true, ..default_predict }))
+        .merge(guarded(dispatch::invocations_route().merge(dispatch::vertex_routes()), default_predict))
+        .merge(guarded(dispatch::named_route(), Guard { streams: true, ..infer(Protocol::Predict, ModelFrom::Path) }))
         .merge(guarded(v2::inference_routes(), infer(Protocol::V2, ModelFrom::Path)))
         .merge(tei_routes(&guarded, keyed))
         .merge(guarded(cohere::routes(), Guard { protocol: Some(Protocol::Cohere), refuse: cohere::failure, ..keyed }))

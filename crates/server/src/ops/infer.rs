@@ -7,12 +7,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue};
 use inferd_batcher::{Inputs, Pieces};
 use inferd_core::{ModelMetadata, Tensor, TensorSpec};
 use inferd_models::{Answer, Input, LoadedModel, Request, TaskError, Texts};
 
-use crate::budget::Hold;
+use crate::budget::{Hold, Metered};
 use crate::codec::{quoted, CodecError};
 use crate::error::{AppError, ErrorKind};
 use crate::state::AppState;
@@ -77,6 +78,32 @@ pub async fn decode<T: Send + 'static>(
     let decoder = model.clone();
     let decoded = off_runtime_if(len > INLINE_WORK_BYTES, move || decode(decoder.metadata())).await?;
     decoded.map_err(|e| AppError::from(e).in_model(model.name()))
+}
+
+/// Decodes a body as it arrives ([`Payload::Unread`]) with `decode`, on a blocking thread of its own: one that waits
+/// on the network as it reads, so it takes none of [`off_runtime_if`]'s turns, which are for work that keeps a core
+/// busy. A refused body is answered once the rest of it is read and thrown away.
+pub async fn decode_unread<T: Send + 'static>(
+    model: &Arc<LoadedModel>,
+    hold: &Arc<Hold>,
+    body: Body,
+    max_body_bytes: usize,
+    decode: impl FnOnce(&mut Metered, &ModelMetadata) -> Result<T, CodecError> + Send + 'static,
+) -> Result<T, AppError> {
+    let mut metered = hold.meter(body, max_body_bytes);
+    let decoder = model.clone();
+    let (decoded, mut metered) =
+        tokio::task::spawn_blocking(move || (decode(&mut metered, decoder.metadata()), metered))
+            .await
+            .map_err(|e| AppError::internal(format!("decoding the request body: {e}")))?;
+    match decoded {
+        Ok(t) => Ok(t),
+        Err(e) => {
+            let error = metered.refused.take().unwrap_or_else(|| AppError::from(e).in_model(model.name()));
+            metered.discard().await;
+            Err(error)
+        }
+    }
 }
 
 /// Encodes an answer with a protocol's `encode`: off the runtime when it is large.

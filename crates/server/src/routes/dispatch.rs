@@ -14,6 +14,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{images, predict, tei};
+use crate::budget::Payload;
 use crate::codec::predict::PredictResponse;
 use crate::error::{body_error, AppError, ErrorBody};
 use crate::request::{InflightHold, RoutedModel};
@@ -72,7 +73,7 @@ twin_routes! {
         model: Result<RoutedModel, AppError>,
         hold: InflightHold,
         headers: HeaderMap,
-        body: Result<Bytes, BytesRejection>,
+        body: Payload,
     ) -> Response;
     "Serve `/predict` with the default model." predict_default at "/predict"
         (("x-inferd-timeout-ms" = Option<u64>, Header, description = "Milliseconds the request may wait in the queue; past that it is answered 503 and never runs"));
@@ -103,6 +104,10 @@ pub(crate) async fn invocations(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let body = match body {
+        Ok(bytes) => Payload::Whole(bytes),
+        Err(rejected) => return body_error(rejected).into_response(),
+    };
     let service = match &model {
         Ok(routed) => match routed.serving(state.registry()) {
             Ok(loaded) => loaded.service(),
@@ -112,7 +117,13 @@ pub(crate) async fn invocations(
         Err(_) => Service::Tensors,
     };
     match service.takes_text() {
-        true => tei::root(state, model, hold, body).await.unwrap_or_else(IntoResponse::into_response),
+        // Read whole by the checkpoint: this route's body is never left unread.
+        true => match body {
+            Payload::Whole(bytes) => {
+                tei::root(state, model, hold, Ok(bytes)).await.unwrap_or_else(IntoResponse::into_response)
+            }
+            Payload::Unread(_) => AppError::internal("an unread body on /invocations: this is a bug").into_response(),
+        },
         false => serve(state, model, hold, headers, body).await,
     }
 }
@@ -123,21 +134,24 @@ async fn serve(
     model: Result<RoutedModel, AppError>,
     InflightHold(hold): InflightHold,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Payload,
 ) -> Response {
     let answer = async {
-        let body = body.map_err(body_error)?;
         let deadline = predict::queue_deadline(&headers)?;
         let model = model?.serving(state.registry())?;
         let service = model.service();
         let carrier = images::carrier(&headers, model.task.takes_pictures())?;
+        let tensors = !matches!(service, Service::Classify | Service::Images) && carrier.is_none();
+        if tensors {
+            // Every other model, whatever its task, by its tensor face (a text model: texts in as `BYTES`): the
+            // one body here that can be decoded as it arrives.
+            return predict::serve(&state, &model, &hold, body, deadline).await;
+        }
+        let body = body.whole(&hold, &headers, state.max_body_bytes()).await?;
         Ok::<_, AppError>(match service {
             Service::Classify => tei::score::predict(&state, &model, &hold, body).await.into_response(),
-            // Pictures sent to a model that takes none: its task says so.
-            Service::Images => images::predict(&state, &model, &hold, carrier, body, deadline).await?,
-            _ if carrier.is_some() => images::predict(&state, &model, &hold, carrier, body, deadline).await?,
-            // Every other model, whatever its task, by its tensor face (a text model: texts in as `BYTES`).
-            _ => predict::serve(&state, &model, &hold, body, deadline).await?,
+            // A vision model, or pictures sent to a model that takes none: its task says so.
+            _ => images::predict(&state, &model, &hold, carrier, body, deadline).await?,
         })
     };
     answer.await.unwrap_or_else(IntoResponse::into_response)

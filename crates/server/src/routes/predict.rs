@@ -5,15 +5,14 @@
 
 use std::time::Instant;
 
-use axum::body::Bytes;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use inferd_models::{Input, LoadedModel, Request};
 
-use crate::budget::Hold;
-use crate::codec::predict::{decode_predict, PredictResponse, Prediction};
+use crate::budget::{Hold, Payload};
+use crate::codec::predict::{decode_predict, decode_predict_from, PredictResponse, Prediction};
 use crate::error::AppError;
-use crate::ops::infer::{deadline_in, decode, encode, infer};
+use crate::ops::infer::{deadline_in, decode, decode_unread, encode, infer};
 use crate::state::AppState;
 
 /// Milliseconds a `/predict` request may wait in the queue before it is answered 503 without running.
@@ -24,11 +23,21 @@ pub async fn serve(
     state: &AppState,
     model: &std::sync::Arc<LoadedModel>,
     hold: &std::sync::Arc<Hold>,
-    body: Bytes,
+    body: Payload,
     deadline: Option<Instant>,
 ) -> Result<Response, AppError> {
     let limits = *state.limits();
-    let inputs = decode(model, body.len(), move |meta| decode_predict(&body, &meta.inputs, &limits)).await?;
+    let inputs = match body {
+        Payload::Whole(body) => {
+            decode(model, body.len(), move |meta| decode_predict(&body, &meta.inputs, &limits)).await?
+        }
+        Payload::Unread(body) => {
+            decode_unread(model, hold, body, state.max_body_bytes(), move |body, meta| {
+                decode_predict_from(body, &meta.inputs, &limits)
+            })
+            .await?
+        }
+    };
     let request = Request::new(Input::Tensors(inputs)).with_deadline(deadline);
     let served = infer(state, model, request, hold).await?;
     let headers = served.headers();
