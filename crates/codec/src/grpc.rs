@@ -10,7 +10,7 @@ use std::time::Duration;
 use inferd_core::{DataType, ModelMetadata, Tensor, TensorSpec};
 
 use super::shm::{Regions, Span, SpanParameters, BYTE_SIZE_PARAMETER, OFFSET_PARAMETER, REGION_PARAMETER};
-use super::v2::{binary_form, decode_owned, write_to, InputHead};
+use super::v2::{binary_form, binary_size, decode_owned, write_to, InputHead};
 use super::{given_inputs, names, quoted, CodecError, Limits, Wanted};
 
 /// The messages and the service's types, generated from `proto/inference.proto`.
@@ -289,7 +289,7 @@ pub fn encode_infer(
         if let Some(span) = &wanted.memory {
             write_to(span, t, &spec.name)?;
         } else {
-            bytes.reserve(t.raw_bytes().map_or(0, <[u8]>::len));
+            bytes.reserve_exact(binary_size(t));
             binary_form(t, &mut bytes);
         }
         response.outputs.push(InferOutputTensor {

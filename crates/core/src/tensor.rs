@@ -287,19 +287,27 @@ impl Tensor {
 
 /// The index of the first `N`-byte element of `bytes` for which `bad` holds.
 fn first_with<W: Element>(bytes: &[u8], bad: impl Fn(W) -> bool) -> Option<usize> {
-    const BLOCK: usize = 512;
     // Read as words in place where they can be (the compiler's vector loop then loads them whole); else each
     // element's bytes are put together.
-    if let Some(words) = W::view(bytes) {
-        return words.chunks(BLOCK).enumerate().find_map(|(b, block)| {
-            let any = block.iter().fold(false, |any, &w| any | bad(w));
-            any.then(|| block.iter().position(|&w| bad(w)).map(|i| b * BLOCK + i)).flatten()
-        });
+    match W::view(bytes) {
+        Some(words) => first_in_blocks(words.chunks(SCAN_BLOCK), |block| block.iter().copied(), bad),
+        None => first_in_blocks(bytes.chunks(SCAN_BLOCK * W::SIZE), |b| b.chunks_exact(W::SIZE).map(W::get), bad),
     }
-    let element = |c: &[u8]| bad(W::get(c));
-    bytes.chunks(BLOCK * W::SIZE).enumerate().find_map(|(b, block)| {
-        let any = block.chunks_exact(W::SIZE).fold(false, |any, c| any | element(c));
-        any.then(|| block.chunks_exact(W::SIZE).position(element).map(|i| b * BLOCK + i)).flatten()
+}
+
+/// Elements a block of the NaN scan holds.
+const SCAN_BLOCK: usize = 512;
+
+/// The index of the first element that is `bad`, over blocks of [`SCAN_BLOCK`] elements each: a block is tested
+/// whole, without stopping, and searched element by element only where it has one.
+fn first_in_blocks<B: Copy, W, I: Iterator<Item = W>>(
+    blocks: impl Iterator<Item = B>,
+    elements: impl Fn(B) -> I,
+    bad: impl Fn(W) -> bool,
+) -> Option<usize> {
+    blocks.enumerate().find_map(|(b, block)| {
+        let any = elements(block).fold(false, |any, w| any | bad(w));
+        any.then(|| elements(block).position(&bad).map(|i| b * SCAN_BLOCK + i)).flatten()
     })
 }
 

@@ -404,7 +404,7 @@ pub(crate) fn binary_form(t: &Tensor, out: &mut Vec<u8>) {
 }
 
 /// The length of [`binary_form`]'s bytes.
-fn binary_size(t: &Tensor) -> usize {
+pub(crate) fn binary_size(t: &Tensor) -> usize {
     match (t.raw_bytes(), t.byte_strings()) {
         (Some(bytes), _) => bytes.len(),
         (None, Some(strings)) => strings.iter().map(|s| 4 + s.len()).sum(),
