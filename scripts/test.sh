@@ -48,6 +48,7 @@ setsid -w bash -c '
     ./scripts/venv.sh .venv tests/python/requirements.txt
     ./scripts/fetch-test-models.sh
     ./scripts/fetch-perf-analyzer.sh
+    ./scripts/fetch-azurite.sh
     if [ "${INFERD_SKIP_IMAGE_CHECK:-0}" != 1 ]; then ./scripts/image-check.sh --stand-ins; fi
     # Last: its cargo metadata waits for the package cache, which a compiling cargo may hold.
     if [ "${INFERD_SKIP_GPU_BUNDLE:-0}" != 1 ]; then ./scripts/cuda-toolkit.sh >/dev/null; fi
@@ -112,6 +113,8 @@ step "python venv" ./scripts/venv.sh .venv tests/python/requirements.txt
 step "test models" ./scripts/fetch-test-models.sh
 # Triton's perf_analyzer, which tests/python/test_perf_analyzer.py drives against inferd's gRPC endpoint.
 step "perf_analyzer" ./scripts/fetch-perf-analyzer.sh
+# Azurite, the Azure Storage emulator, which tests/python/test_remote.py serves models from.
+step "azurite" ./scripts/fetch-azurite.sh
 INFERD_BIN=target/debug/inferd step "python tests" .venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
 # The rest of the release builds, now with the cores to themselves.

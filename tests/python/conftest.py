@@ -25,10 +25,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch_inferd(models, *args, grpc=False, keep_log=None):
-    """Starts inferd serving the repository `models` with extra command-line `args`, on free ports (gRPC too with
-    `grpc`, else none); returns `(process, http_address, grpc_address or None)` once every model has loaded (or
-    failed). The caller stops it. `keep_log`, a list, receives each line the server logs once it listens."""
+def launch_inferd(models, *args, grpc=False, keep_log=None, env=None):
+    """Starts inferd serving the repository `models` with extra command-line `args` and environment variables `env`
+    (beside this process's), on free ports (gRPC too with `grpc`, else none); returns `(process, http_address,
+    grpc_address or None)` once every model has loaded (or failed). The caller stops it. `keep_log`, a list,
+    receives each line the server logs."""
     binary = os.environ.get("INFERD_BIN", str(ROOT / "target" / "debug" / "inferd"))
     lib = ROOT / ".cache" / "onnxruntime" / "libonnxruntime.so.1.31.1"
     grpc_port = free_port() if grpc else 0
@@ -37,6 +38,7 @@ def launch_inferd(models, *args, grpc=False, keep_log=None):
          "--models", str(models), "--onnxruntime-lib", str(lib), *args],
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, **(env or {})},
     )
     address = None
     log = []
@@ -52,6 +54,8 @@ def launch_inferd(models, *args, grpc=False, keep_log=None):
     if address is None:
         proc.kill()
         raise RuntimeError("inferd did not start:\n" + "".join(log))
+    if keep_log is not None:
+        keep_log.extend(log)
     # Keep draining the log so the server never blocks on a full pipe.
     threading.Thread(target=lambda: [keep_log is not None and keep_log.append(line) for line in proc.stderr],
                      daemon=True).start()
@@ -70,10 +74,10 @@ def launch_inferd(models, *args, grpc=False, keep_log=None):
 
 
 @contextlib.contextmanager
-def start_inferd(models, *args, grpc=False):
+def start_inferd(models, *args, grpc=False, env=None, keep_log=None):
     """A running inferd (see `launch_inferd`); yields its address, or `(http_address, grpc_address)` with `grpc`,
     and stops it afterwards, checking that it exits 0."""
-    proc, address, grpc_address = launch_inferd(models, *args, grpc=grpc)
+    proc, address, grpc_address = launch_inferd(models, *args, grpc=grpc, env=env, keep_log=keep_log)
     try:
         yield (address, grpc_address) if grpc else address
     finally:

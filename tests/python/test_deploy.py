@@ -36,7 +36,8 @@ CUSTOM_KINDS = {
     "ServingRuntime": "a KServe CRD (serving.kserve.io/v1alpha1); its schema ships with KServe",
     "InferenceService": "a KServe CRD (serving.kserve.io/v1beta1); its schema ships with KServe",
     "Kustomization": "kustomize's own file, never sent to the cluster",
-    "Component": "a kustomize component (k8s/grpc-probes, k8s/unix-socket-sidecar), never sent to the cluster; checked "
+    "Component": "a kustomize component (k8s/grpc-probes, k8s/unix-socket-sidecar, k8s/blob-models), never sent to the "
+                 "cluster; checked "
                  "by applying it below",
 }
 
@@ -272,6 +273,25 @@ def test_the_unix_socket_sidecar_component_gives_a_pod_whose_gateway_reaches_inf
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/health/ready"
 
 
+def test_the_blob_models_component_serves_from_a_container_through_workload_identity():
+    _, patched = with_component("blob-models")
+    template = patched["spec"]["template"]
+    pod, [inferd] = template["spec"], template["spec"]["containers"]
+    assert template["metadata"]["labels"]["azure.workload.identity/use"] == "true"
+    [account] = [d for p, d in k8s_documents() if p.parts[1] == "blob-models" and d["kind"] == "ServiceAccount"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert "azure.workload.identity/client-id" in account["metadata"]["annotations"]
+    [config] = [d for p, d in k8s_documents() if p.parts[1] == "blob-models" and d["kind"] == "ConfigMap"]
+    assert {"configMapRef": {"name": config["metadata"]["name"]}} in inferd["envFrom"]
+    env = config["data"]
+    assert re.fullmatch(r"https://[^/]+\.blob\.core\.windows\.net/[^/]+/.+", env["INFERD_MODELS"]), env
+    assert env["INFERD_MODEL_CONTROL"] == "poll" and float(env["INFERD_POLL_INTERVAL"]) > 0
+    # The cache is a volume of the pod: a restarted container finds it warm.
+    mounts = {m["mountPath"]: m["name"] for m in inferd["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts[env["INFERD_MODEL_CACHE"]]]
+
+
 def test_the_serving_runtime_declares_grpc_as_kserve_expects():
     runtime = next(d for _, d in k8s_documents() if d["kind"] == "ServingRuntime")
     container = runtime["spec"]["containers"][0]
@@ -372,7 +392,16 @@ def test_aci_yaml_has_the_fields_aci_requires(path):
     gpu = inferd["resources"]["requests"]["gpu"]
     assert gpu["count"] >= 1 and gpu["sku"] in {"K80", "P100", "V100"}
     env = {e["name"]: e.get("value", e.get("secureValue")) for e in inferd["environmentVariables"]}
-    assert env["MODEL_PATH"] == "/models" and env["USE_FP16"] == "true"
+    assert env["USE_FP16"] == "true"
+    if "INFERD_MODELS" in env:
+        # Models from Blob Storage: a SAS token as a secure value, and the cache on a volume of the group.
+        assert env["INFERD_MODELS"].startswith("https://") and ".blob.core.windows.net/" in env["INFERD_MODELS"]
+        [sas] = [e for e in inferd["environmentVariables"] if e["name"] == "AZURE_STORAGE_SAS_TOKEN"]
+        assert "secureValue" in sas and "value" not in sas
+        assert env["INFERD_MODEL_CACHE"] in {m["mountPath"] for m in inferd["volumeMounts"]}
+        assert env["INFERD_MODEL_CONTROL"] == "poll"
+    else:
+        assert env["MODEL_PATH"] == "/models"
     # gRPC beside HTTP: inferd listens on 8001 and the group opens it (ACI maps no ports: public is the container's).
     assert env["INFERD_GRPC_PORT"] == str(INFERD_GRPC_PORT)
     assert {"port": INFERD_GRPC_PORT, "protocol": "TCP"} in inferd["ports"]
@@ -468,6 +497,7 @@ def test_every_deployment_states_its_readiness_policy():
         "AKS": "true",
         "KServe": "true",
         "Azure ML": "true",
+        "ACI inferd-gpu-blob.yaml": "false",
         "ACI inferd-gpu-gateway.yaml": "false",
         "ACI inferd-gpu.yaml": "false",
     }

@@ -5,13 +5,15 @@
 
 pub mod budget;
 pub mod loader;
+pub mod remote;
 pub mod repository;
 pub mod task;
 
 pub use budget::{DeviceMemory, GpuMemoryReader, HostMemory};
 pub use inferd_onnx::OnnxSettings;
 pub use loader::{build_engine, load, EngineBuilder, EngineSettings, LoadedModel, ModelMemory};
-pub use repository::{Defaults, Repository};
+pub use remote::{RemoteLimits, RemoteRepository, SyncReport};
+pub use repository::{Defaults, FolderStamp, Repository};
 pub use task::{
     registration, triton_classification, Answer, Input, Prepared, Registration, Request, Reserve, Service, Task,
     TaskError, TextFront, TextInput, Texts, Token, Tower,

@@ -1,6 +1,8 @@
 //! Discovery: the model folders a repository holds and the versions each serves, read from their `model.toml`s,
 //! and the models that routes without a model name serve. Reads files only: loading is [`crate::loader`]'s.
 
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
 use inferd_core::{ModelConfig, MODEL_CONFIG_FILE};
@@ -11,6 +13,65 @@ use crate::task::{registration, Service};
 #[derive(Debug, Clone)]
 pub struct Repository {
     dir: PathBuf,
+}
+
+/// What a model folder holds, as poll mode compares it: a digest of the files its versions share (`model.toml`, a
+/// tokenizer) and one of each version folder's files, from their names, sizes and modification times (a file
+/// rewritten with the same size within the same instant goes unnoticed).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FolderStamp {
+    shared: u64,
+    versions: BTreeMap<u64, u64>,
+}
+
+impl FolderStamp {
+    /// Whether version `version`'s files differ between `before` and `self`.
+    pub fn changed(&self, before: &FolderStamp, version: u64) -> bool {
+        self.shared != before.shared || self.versions.get(&version) != before.versions.get(&version)
+    }
+
+    /// Reads `dir`: blocking. A file that cannot be read changes the stamp as it comes and goes.
+    fn of(dir: &Path) -> FolderStamp {
+        let mut shared = std::hash::DefaultHasher::new();
+        let mut versions = BTreeMap::new();
+        for (name, path) in sorted_entries(dir) {
+            match name.parse::<u64>() {
+                Ok(version) if path.is_dir() => {
+                    let mut digest = std::hash::DefaultHasher::new();
+                    digest_files(&path, &mut digest);
+                    versions.insert(version, digest.finish());
+                }
+                _ => {
+                    name.hash(&mut shared);
+                    digest_files(&path, &mut shared);
+                }
+            }
+        }
+        FolderStamp { shared: shared.finish(), versions }
+    }
+}
+
+/// The entries of `dir` by name, sorted; none where it cannot be read.
+fn sorted_entries(dir: &Path) -> Vec<(String, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut entries: Vec<(String, PathBuf)> =
+        entries.filter_map(|e| e.ok()).map(|e| (e.file_name().to_string_lossy().into_owned(), e.path())).collect();
+    entries.sort();
+    entries
+}
+
+/// Feeds `path` (a file, or a folder's files, deeply) into `digest`: names, sizes, modification times.
+fn digest_files(path: &Path, digest: &mut impl Hasher) {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => {
+            for (name, inner) in sorted_entries(path) {
+                name.hash(digest);
+                digest_files(&inner, digest);
+            }
+        }
+        Ok(meta) => (meta.len(), meta.modified().ok()).hash(digest),
+        Err(_) => 0u8.hash(digest),
+    }
 }
 
 /// The models that the routes without a model name serve.
@@ -61,9 +122,12 @@ impl Repository {
         Ok(configs)
     }
 
-    /// The folder of model `name`, if the repository has one. Names that could leave the repository (`..`, a
-    /// path) have none.
+    /// The folder of model `name`, if the repository has one (a repository that is one model folder has that
+    /// one). Names that could leave the repository (`..`, a path) have none.
     pub fn model_folder(&self, name: &str) -> Option<PathBuf> {
+        if self.dir.join(MODEL_CONFIG_FILE).is_file() {
+            return (self.dir.file_name().and_then(|n| n.to_str()) == Some(name)).then(|| self.dir.clone());
+        }
         let plain = !name.is_empty()
             && !name.starts_with('.')
             && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
@@ -73,14 +137,25 @@ impl Repository {
 
     /// The names of the repository's model folders, sorted; none where the folder cannot be read.
     pub fn model_folders(&self) -> Vec<String> {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else { return Vec::new() };
-        let mut names: Vec<String> = entries
-            .filter_map(|e| e.ok())
-            .filter(|e| e.path().join(MODEL_CONFIG_FILE).is_file())
-            .filter_map(|e| e.file_name().into_string().ok())
+        if self.dir.join(MODEL_CONFIG_FILE).is_file() {
+            return self.dir.file_name().and_then(|n| n.to_str()).map(str::to_owned).into_iter().collect();
+        }
+        let mut names: Vec<String> = sorted_entries(&self.dir)
+            .into_iter()
+            .filter(|(_, path)| path.join(MODEL_CONFIG_FILE).is_file())
+            .map(|(name, _)| name)
             .collect();
         names.sort();
         names
+    }
+
+    /// Each model folder's stamp, by name (see [`FolderStamp`]). Reads the folders: blocking.
+    pub fn stamps(&self) -> BTreeMap<String, FolderStamp> {
+        self.model_folders()
+            .into_iter()
+            .filter_map(|name| Some((self.model_folder(&name).map(|dir| FolderStamp::of(&dir))?, name)))
+            .map(|(stamp, name)| (name, stamp))
+            .collect()
     }
 }
 
@@ -182,6 +257,43 @@ mod tests {
         let empty = tempfile::tempdir().expect("tempdir");
         let error = Repository::new(empty.path()).discover().expect_err("no models");
         assert!(error.to_string().contains("no models in"), "{error}");
+    }
+
+    #[test]
+    fn a_stamp_changes_for_the_versions_whose_files_change() {
+        let repo = tempfile::tempdir().expect("tempdir");
+        model(repo.path(), "m", TENSORS);
+        let write = |path: &str, bytes: &[u8]| {
+            let path = repo.path().join("m").join(path);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("folder");
+            std::fs::write(path, bytes).expect("writes");
+        };
+        write("1/model.onnx", b"one");
+        write("2/model.onnx", b"two");
+        let repository = Repository::new(repo.path());
+        let before = repository.stamps();
+        assert_eq!(before.keys().collect::<Vec<_>>(), ["m"]);
+        assert_eq!(repository.stamps(), before, "unchanged");
+
+        write("2/model.onnx", b"two, again");
+        write("3/model.onnx", b"three");
+        let after = repository.stamps();
+        let changed = |v| after["m"].changed(&before["m"], v);
+        assert_eq!((changed(1), changed(2), changed(3)), (false, true, true));
+        std::fs::remove_dir_all(repo.path().join("m/1")).expect("removes");
+        assert!(repository.stamps()["m"].changed(&after["m"], 1), "a version gone");
+
+        // A shared file changes every version.
+        let before = repository.stamps();
+        write("tokenizer.json", b"{}");
+        let after = repository.stamps();
+        assert!(after["m"].changed(&before["m"], 2) && after["m"].changed(&before["m"], 3));
+
+        // A repository that is one model folder stamps that one.
+        let one = Repository::new(repo.path().join("m"));
+        assert_eq!(one.stamps().keys().collect::<Vec<_>>(), ["m"]);
+        assert_eq!(one.model_folder("m"), Some(repo.path().join("m")));
+        assert_eq!(one.model_folder("other"), None);
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod layers;
 pub mod logging;
 pub mod metrics;
 pub mod ops;
+pub(crate) mod poll;
 pub mod registry;
 pub mod request;
 pub mod routes;
@@ -54,6 +55,7 @@ pub use state::AppState;
 
 use inferd_models::{Defaults, EngineSettings, GpuMemoryReader, Repository};
 
+use crate::config::ModelControl;
 use crate::gpu::GpuMonitor;
 use crate::metrics::Metrics;
 use crate::registry::{ModelEntry, Registry};
@@ -111,8 +113,10 @@ impl Server {
         let open_files = connections::raise_open_files_limit();
         let listeners = if self.grpc_listeners.is_empty() { 1 } else { 2 };
         let connection_settings = connections::ConnectionSettings::new(&config, open_files, listeners);
-        let repository = Repository::new(config.repository());
+        let (location, remote) = poll::open(&config).await?;
+        let repository = Repository::new(location);
         let configs = repository.discover()?;
+        let stamps = repository.stamps();
         let defaults = Defaults::choose(
             &configs,
             config.default_model.as_deref(),
@@ -132,10 +136,13 @@ impl Server {
         names.dedup();
         let metrics = Arc::new(Metrics::new(&names));
         let repository_dir = repository.dir().to_path_buf();
-        let registry = Registry::new(repository, configs, settings, metrics);
+        let registry = Registry::new(repository, configs, settings, metrics).with_remote(remote);
         let state = AppState::new(&config, registry, defaults, gpu.clone())?;
-        let background = Background::start(&state, gpu, Duration::from_millis(config.gpu_refresh_ms));
+        let mut background = Background::start(&state, gpu, Duration::from_millis(config.gpu_refresh_ms));
         load_in_background(&state);
+        if config.model_control == ModelControl::Poll {
+            background.0.push(poll::start(state.clone(), config.remote.poll_interval(), stamps));
+        }
 
         let addr = listener.local_addr()?;
         let http_listeners: Vec<Listener> = std::iter::once(listener.into()).chain(self.http_listeners).collect();

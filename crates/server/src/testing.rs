@@ -60,7 +60,8 @@ pub fn registry(repository: &Path) -> Registry {
     let mut names: Vec<String> = configs.iter().map(|c| c.name.clone()).collect();
     names.dedup();
     let build = |config: &ModelConfig| -> inferd_core::Result<Box<dyn Engine>> {
-        if config.name.starts_with("broken") {
+        // A model named `broken…`, or a version whose folder holds a file named `broken`, cannot load.
+        if config.name.starts_with("broken") || config.dir.join("broken").exists() {
             return Err(inferd_core::Error::engine("this engine cannot load"));
         }
         Ok(Box::new(Echo::new()))

@@ -42,10 +42,19 @@ pub async fn index(state: &AppState, ready_only: bool) -> Result<Vec<V2IndexEntr
 
 /// Model control answers only under `--model-control explicit`, and not while the server drains.
 pub fn control_allowed(state: &AppState) -> Result<(), AppError> {
-    if state.model_control() != ModelControl::Explicit {
-        return Err(AppError::bad_request(
-            "model control is off: start inferd with --model-control explicit to load and unload models",
-        ));
+    match state.model_control() {
+        ModelControl::Explicit => {}
+        ModelControl::Poll => {
+            return Err(AppError::bad_request(
+                "model control is `poll`: what the repository holds is what serves; start inferd with \
+                 --model-control explicit to load and unload models by request",
+            ))
+        }
+        ModelControl::None => {
+            return Err(AppError::bad_request(
+                "model control is off: start inferd with --model-control explicit to load and unload models",
+            ))
+        }
     }
     if state.drain().is_draining() {
         return Err(AppError::unavailable("the server is shutting down"));
@@ -76,6 +85,7 @@ pub async fn load<'a>(
         )));
     }
     let control = state.registry().control().await;
+    crate::poll::mirror_again(state).await.map_err(|e| AppError::bad_request(format!("failed to load: {e}")))?;
     let worker = state.clone();
     tokio::task::spawn_blocking(move || {
         // Held until the load ends, even if the request is dropped first (its client gone, its timeout).

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use inferd_core::ModelConfig;
 
-use super::{ControlError, Loaded, ModelEntry, Registry};
+use super::{ControlError, Loaded, ModelEntry, ModelState, Registry};
 use crate::codec::quoted;
 
 impl Registry {
@@ -73,6 +73,78 @@ impl Registry {
         self.replace(name, entries.collect());
         tracing::info!(model = name, ?versions, "model control: loaded; the new versions serve from now on");
         Ok(versions)
+    }
+
+    /// Poll mode: makes `name`'s versions what its folder holds now. A version that serves and whose files did not
+    /// change (`changed` says no) serves on untouched; the others load, and replace what served once all are warm.
+    /// A version that fails to load leaves what served serving, and shows as unavailable with the reason (the
+    /// error returned too). A model whose folder is gone is unloaded. Blocking: call it on the blocking pool,
+    /// holding [`Registry::control`].
+    pub fn refresh(&self, name: &str, changed: &dyn Fn(u64) -> bool) -> Result<(), ControlError> {
+        let current: Vec<Arc<ModelEntry>> = self.snapshot().iter().filter(|m| m.name() == name).cloned().collect();
+        let Some(folder) = self.repository.model_folder(name) else {
+            let gone = |m: &Arc<ModelEntry>| {
+                ModelEntry::with(m.config.clone(), Loaded::Unloaded("its folder left the repository".into()))
+            };
+            self.replace(name, current.iter().map(gone).collect());
+            tracing::info!(model = name, "poll: its folder left the repository; unloaded, its queued requests finish");
+            return Ok(());
+        };
+        let configs = ModelConfig::load_versions(&folder).map_err(|e| ControlError::Failed(e.to_string()))?;
+        if !current.iter().any(|m| m.loaded().is_some()) {
+            // A model that serves nothing shows as loading while it loads.
+            self.replace(name, configs.iter().cloned().map(ModelEntry::new).collect());
+        }
+        let serving = |version| current.iter().find(|m| m.version() == version && m.loaded().is_some());
+        let mut next: Vec<Arc<ModelEntry>> = Vec::with_capacity(configs.len());
+        let mut failed = Vec::new();
+        for config in configs {
+            if let Some(old) = serving(config.version).filter(|_| !changed(config.version)) {
+                next.push(old.clone());
+                continue;
+            }
+            match self.load_version(&config) {
+                Ok(loaded) => next.push(ModelEntry::with(config, loaded)),
+                Err(e) => {
+                    tracing::error!(model = name, version = config.version, error = %e, "poll: load failed");
+                    failed.push((config, format!("{e:#}")));
+                }
+            }
+        }
+        let has = |next: &[Arc<ModelEntry>], version| next.iter().any(|m| m.version() == version);
+        let mut errors = Vec::with_capacity(failed.len());
+        if !failed.is_empty() {
+            // What served, and was not loaded anew, serves on.
+            for old in current.iter().filter(|m| m.loaded().is_some()) {
+                if !has(&next, old.version()) {
+                    next.push(old.clone());
+                }
+            }
+            for (config, error) in failed {
+                let error = format!("model `{name}` version {} failed to load: {error}", config.version);
+                if !has(&next, config.version) {
+                    next.push(ModelEntry::with(config, Loaded::Unloaded(error.clone())));
+                }
+                errors.push(error);
+            }
+        }
+        // A version no longer in the folder (or left out by its policy) shows as unloaded, as Triton's index shows it.
+        for old in &current {
+            if !has(&next, old.version()) {
+                let why = match old.state() {
+                    ModelState::Unloaded(why) => why.to_owned(),
+                    _ => "its version folder left the repository, or its version_policy leaves it out".to_owned(),
+                };
+                next.push(ModelEntry::with(old.config.clone(), Loaded::Unloaded(why)));
+            }
+        }
+        let versions: Vec<u64> = next.iter().filter(|m| m.loaded().is_some()).map(|m| m.version()).collect();
+        self.replace(name, next);
+        tracing::info!(model = name, serving = ?versions, "poll: the model's folder changed; brought in line");
+        match errors.is_empty() {
+            true => Ok(()),
+            false => Err(ControlError::Failed(errors.join("; "))),
+        }
     }
 
     /// Stops serving `name`: requests already queued or running finish, later ones are refused. Holding

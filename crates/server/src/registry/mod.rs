@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use inferd_core::ModelConfig;
-use inferd_models::{EngineSettings, LoadedModel, Repository};
+use inferd_models::{EngineSettings, LoadedModel, RemoteRepository, Repository};
 
 use crate::codec::quoted;
 use crate::error::AppError;
@@ -129,6 +129,9 @@ impl ModelEntry {
 /// The served models, where they come from, and what loads them.
 pub struct Registry {
     repository: Repository,
+    /// The object store the repository folder mirrors, if it is a mirror: model control and poll mode mirror it
+    /// again before they read the folder.
+    remote: Option<RemoteRepository>,
     /// What loads build engines with.
     settings: EngineSettings,
     /// Where each loaded version reports its batches.
@@ -139,6 +142,9 @@ pub struct Registry {
     /// Held by the start-up load and by model control: one load or unload at a time. Owned guards, so that a
     /// load holds it on the blocking pool even when the request that asked for it has gone.
     control: Arc<tokio::sync::Mutex<()>>,
+    /// Poll mode: why its last reading of the repository did not bring everything in line; `None` when it did.
+    /// Written by the poller alone.
+    poll_problem: RwLock<Option<String>>,
 }
 
 impl Registry {
@@ -153,11 +159,38 @@ impl Registry {
         models.sort_by(|a, b| (a.name(), a.version()).cmp(&(b.name(), b.version())));
         Registry {
             repository,
+            remote: None,
             settings,
             metrics,
             models: RwLock::new(Arc::new(models)),
             control: Arc::new(tokio::sync::Mutex::new(())),
+            poll_problem: RwLock::new(None),
         }
+    }
+
+    /// The registry, its repository folder the mirror of `remote`.
+    pub fn with_remote(mut self, remote: Option<RemoteRepository>) -> Registry {
+        self.remote = remote;
+        self
+    }
+
+    /// Where the models come from.
+    pub fn repository(&self) -> &Repository {
+        &self.repository
+    }
+
+    /// The object store the repository folder mirrors, if it does.
+    pub fn remote(&self) -> Option<&RemoteRepository> {
+        self.remote.as_ref()
+    }
+
+    /// Poll mode: why its last reading of the repository left something as it was, if it did.
+    pub fn poll_problem(&self) -> Option<String> {
+        self.poll_problem.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    pub fn set_poll_problem(&self, problem: Option<String>) {
+        *self.poll_problem.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = problem;
     }
 
     /// The server's metrics, which the loaded versions report into.
@@ -243,12 +276,13 @@ impl Registry {
         Ok(Loaded::Ready { model: Arc::new(model?), metrics })
     }
 
-    /// Replaces every version of `name` with `with`.
+    /// Replaces every version of `name` with `with`; the entries `with` keeps stay as they are, the others retire.
     fn replace(&self, name: &str, with: Vec<Arc<ModelEntry>>) {
         let mut models = self.models.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (replaced, mut next): (Vec<Arc<ModelEntry>>, Vec<Arc<ModelEntry>>) =
             models.iter().cloned().partition(|m| m.name() == name);
-        replaced.iter().for_each(|m| m.retired.store(true, Ordering::Release));
+        let kept = |m: &Arc<ModelEntry>| with.iter().any(|w| Arc::ptr_eq(w, m));
+        replaced.iter().filter(|m| !kept(m)).for_each(|m| m.retired.store(true, Ordering::Release));
         next.extend(with);
         next.sort_by(|a, b| (a.name(), a.version()).cmp(&(b.name(), b.version())));
         *models = Arc::new(next);

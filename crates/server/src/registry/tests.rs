@@ -127,3 +127,45 @@ fn model_control_loads_from_the_folder_and_unloads_without_touching_other_models
     let entry = registry.resolve("broken-later", None).expect("known now");
     assert!(state_name(&entry).starts_with("unloaded: the last load failed"), "{}", state_name(&entry));
 }
+
+#[test]
+fn a_refresh_loads_what_changed_keeps_what_did_not_and_serves_on_through_a_failure() {
+    let repo = tempfile::tempdir().expect("tempdir");
+    model_folder(repo.path(), "a", "version_policy = \"all\"\n");
+    let version = |v: &str| std::fs::create_dir_all(repo.path().join("a").join(v)).expect("version folder");
+    version("1");
+    let registry = registry(repo.path());
+    registry.load_all(|| false);
+    let one = registry.resolve("a", Some(1)).expect("a/1");
+
+    // A new version: it loads; the unchanged one serves on, the same entry.
+    version("2");
+    registry.refresh("a", &|v| v == 2).expect("refreshes");
+    assert!(Arc::ptr_eq(&one, &registry.resolve("a", Some(1)).expect("a/1")) && !one.retired());
+    assert!(registry.resolve("a", Some(2)).expect("a/2").serving().is_ok());
+    let two = registry.resolve("a", Some(2)).expect("a/2");
+
+    // A version gone: unloaded, and retired, so requests that held it finish and later ones resolve again.
+    std::fs::remove_dir(repo.path().join("a/1")).expect("removes");
+    registry.refresh("a", &|v| v == 1).expect("refreshes");
+    assert!(one.retired());
+    let gone = registry.resolve("a", Some(1)).expect("still listed");
+    assert!(state_name(&gone).starts_with("unloaded: its version folder left"), "{}", state_name(&gone));
+
+    // A broken version: what served serves on; the broken one is unavailable with the reason.
+    version("3");
+    std::fs::write(repo.path().join("a/3/broken"), b"").expect("writes");
+    let failed = registry.refresh("a", &|v| v == 3).expect_err("version 3 fails");
+    assert!(failed.to_string().contains("model `a` version 3 failed to load: this engine cannot load"), "{failed}");
+    assert!(Arc::ptr_eq(&two, &registry.resolve("a", None).expect("a")), "version 2 serves on");
+    let three = registry.resolve("a", Some(3)).expect("listed");
+    assert!(state_name(&three).starts_with("unloaded: model `a` version 3 failed to load"), "{}", state_name(&three));
+
+    // Changed files of a serving version load anew; the folder gone unloads the model.
+    std::fs::remove_file(repo.path().join("a/3/broken")).expect("removes");
+    registry.refresh("a", &|v| v >= 2).expect("refreshes");
+    assert!(two.retired() && registry.resolve("a", Some(3)).expect("a/3").serving().is_ok());
+    std::fs::remove_dir_all(repo.path().join("a")).expect("removes");
+    registry.refresh("a", &|_| true).expect("refreshes");
+    assert!(registry.snapshot().iter().all(|m| m.loaded().is_none()));
+}

@@ -45,6 +45,10 @@ pub struct Health<'a> {
     /// The inferd process's resident memory (host RAM), all models together.
     process_resident_memory_bytes: Option<u64>,
     models: Vec<ModelHealth<'a>>,
+    /// `--model-control poll`: why the last reading of the repository left something as it was (a store that
+    /// refused the credentials, a version that failed to load); what served before serves on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    repository_error: Option<String>,
     version: &'static str,
 }
 
@@ -167,6 +171,7 @@ async fn health(State(state): State<AppState>) -> Response {
         gpus: &gpus,
         process_resident_memory_bytes: crate::metrics::resident_memory_bytes(),
         models: models.iter().zip(&stalls).map(|(m, stall)| ModelHealth::of(m, stall.as_deref())).collect(),
+        repository_error: state.registry().poll_problem(),
         version: env!("CARGO_PKG_VERSION"),
     };
     let code = if assessment.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };

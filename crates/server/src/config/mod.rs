@@ -7,6 +7,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use inferd_core::Precision;
 
+mod repository;
+pub use repository::{object_store_options, RepositoryOptions};
+
 /// inferd: serves models over HTTP with dynamic batching, on NVIDIA GPUs or the CPU.
 #[derive(Debug, Parser)]
 #[command(name = "inferd", version, about)]
@@ -45,10 +48,16 @@ pub struct HealthcheckConfig {
 /// `inferd serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeConfig {
-    /// The model repository: a folder of model folders (each with a model.toml), or one model folder.
-    /// [default: models]
+    /// The model repository: a folder of model folders (each with a model.toml), or one model folder; or one in
+    /// an object store, mirrored into --model-cache: `az://CONTAINER/PREFIX` or
+    /// `https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX` (Azure Blob Storage: a shared key, a SAS token, or
+    /// the workload or managed identity, from the AZURE_* variables the platforms set), `s3://BUCKET/PREFIX` (the
+    /// AWS_* variables; AWS_ENDPOINT for an S3-compatible store). [default: models]
     #[arg(long, env = "INFERD_MODELS")]
     pub models: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub remote: RepositoryOptions,
 
     /// The model repository, as container images set it; used when neither --models nor AZUREML_MODEL_DIR is
     /// given.
@@ -235,6 +244,9 @@ pub struct ServeConfig {
 
     /// `explicit`: models may be loaded, reloaded and unloaded while serving, through Triton's repository
     /// routes (`POST /v2/repository/models/{model}/load` and `/unload`), which read the repository folder again.
+    /// `poll`: the repository is read again every --poll-interval; a new version or model loads and serves once
+    /// warm, a removed one drains and unloads, changed files load again, and a version that fails to load leaves
+    /// what served serving (/health and the repository index say why).
     /// `none`: the models found at start-up are the ones served.
     #[arg(long, env = "INFERD_MODEL_CONTROL", value_enum, default_value_t = ModelControl::None)]
     pub model_control: ModelControl,
@@ -245,6 +257,7 @@ pub struct ServeConfig {
 pub enum ModelControl {
     None,
     Explicit,
+    Poll,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
