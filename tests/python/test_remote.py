@@ -98,36 +98,48 @@ def mirrored(log):
     return dict(re.findall(r"(\w+)=(\S+)", line))
 
 
-def test_the_bundled_models_serve_from_blob_storage_as_from_disk(azurite, tmp_path):
+TEXTS = ["models live in blob storage", "and are served from a cache"]
+
+
+@pytest.fixture(scope="module")
+def from_disk(tmp_path_factory):
+    """What the bundled digits and MiniLM answer when served from disk: digits' logits, MiniLM's embeddings."""
+    local = tmp_path_factory.mktemp("local")
+    for name in ["digits", "minilm"]:
+        shutil.copytree(ROOT / "models" / name, local / name)
+    with start_inferd(local, "--default-embed-model", "minilm") as address:
+        return digits(address), embed(address, TEXTS)
+
+
+def answers_as_from_disk(address, from_disk):
+    want_digits, want_embeddings = from_disk
+    np.testing.assert_array_equal(digits(address), want_digits)
+    got = embed(address, TEXTS)
+    cosines = (got * want_embeddings).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want_embeddings, axis=1)
+    np.testing.assert_allclose(cosines, 1.0, atol=1e-6)
+
+
+def test_the_bundled_models_serve_from_blob_storage_as_from_disk(azurite, from_disk, tmp_path):
     container = new_container(azurite, "bundled")
     upload(container, "repo/digits", ROOT / "models" / "digits")
     upload(container, "repo/minilm", ROOT / "models" / "minilm")
-    local = tmp_path / "local"
-    for name in ["digits", "minilm"]:
-        shutil.copytree(ROOT / "models" / name, local / name)
     cache = tmp_path / "cache"
-    texts = ["models live in blob storage", "and are served from a cache"]
-    with start_inferd(local, "--default-embed-model", "minilm") as address:
-        want_digits, want_embeddings = digits(address), embed(address, texts)
     log = []
     _, env = azurite
     with start_inferd("az://bundled/repo", "--model-cache", cache, "--default-embed-model", "minilm", env=env,
                       keep_log=log) as address:
-        np.testing.assert_array_equal(digits(address), want_digits)
-        got = embed(address, texts)
-        cosines = (got * want_embeddings).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want_embeddings, axis=1)
-        np.testing.assert_allclose(cosines, 1.0, atol=1e-6)
+        answers_as_from_disk(address, from_disk)
     first = mirrored(log)
     assert int(first["downloaded_files"]) == int(first["files"]) > 0, first
     # A restart with the cache warm downloads nothing.
     log = []
     with start_inferd("az://bundled/repo", "--model-cache", cache, env=env, keep_log=log) as address:
-        np.testing.assert_array_equal(digits(address), want_digits)
+        np.testing.assert_array_equal(digits(address), from_disk[0])
     again = mirrored(log)
     assert (again["downloaded_files"], again["downloaded_bytes"], again["files"]) == ("0", "0", first["files"]), again
 
 
-def test_the_bundled_models_serve_from_s3(tmp_path):
+def test_the_bundled_models_serve_from_s3_as_from_disk(from_disk, tmp_path):
     import boto3
 
     port = free_port()
@@ -140,14 +152,31 @@ def test_the_bundled_models_serve_from_s3(tmp_path):
         s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT"], region_name="us-east-1",
                           aws_access_key_id="test", aws_secret_access_key="test")
         s3.create_bucket(Bucket="models")
-        for path in sorted((ROOT / "models" / "digits").rglob("*")):
-            s3.upload_file(str(path), "models", f"repo/digits/{path.relative_to(ROOT / 'models' / 'digits')}")
-        with start_inferd(ROOT / "models" / "digits") as address:
-            want = digits(address)
-        with start_inferd("s3://models/repo", "--model-cache", tmp_path / "cache", env=env) as address:
-            np.testing.assert_array_equal(digits(address), want)
+        for name in ["digits", "minilm"]:
+            folder = ROOT / "models" / name
+            for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+                s3.upload_file(str(path), "models", f"repo/{name}/{path.relative_to(folder)}")
+        with start_inferd("s3://models/repo", "--model-cache", tmp_path / "cache", "--default-embed-model", "minilm",
+                          env=env) as address:
+            answers_as_from_disk(address, from_disk)
     finally:
         stop(moto)
+
+
+def test_poll_mode_reads_a_local_repository_too(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "digits" / "1").mkdir(parents=True)
+    shutil.copy(ROOT / "models" / "digits" / "model.toml", repo / "digits")
+    shutil.copy(ROOT / "models" / "digits" / "model.onnx", repo / "digits" / "1")
+    with start_inferd(repo, "--model-control", "poll", "--poll-interval", "0.2") as address:
+        (repo / "digits" / "2").mkdir()
+        shutil.copy(ROOT / "models" / "digits" / "model.onnx", repo / "digits" / "2")
+        # The default policy serves the newest version: 2 comes in, 1 drains out.
+        wait_until("version 2 serves", lambda: index(address).get(("digits", "2"), {}).get("state") == "READY")
+        assert index(address)[("digits", "1")]["state"] == "UNAVAILABLE"
+        assert digits(address).shape == (1, 10)
+        status, answer = load(address, "digits")
+        assert status == 400 and "model control is `poll`" in json.loads(answer)["error"], answer
 
 
 def peak_rss(proc):
