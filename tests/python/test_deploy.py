@@ -290,6 +290,9 @@ def test_the_blob_models_component_serves_from_a_container_through_workload_iden
     mounts = {m["mountPath"]: m["name"] for m in inferd["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert "emptyDir" in volumes[mounts[env["INFERD_MODEL_CACHE"]]]
+    # The first start downloads the models before the server answers its probes.
+    startup = inferd["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 15 * 60, startup
 
 
 def test_the_serving_runtime_declares_grpc_as_kserve_expects():
