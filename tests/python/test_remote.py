@@ -312,7 +312,7 @@ def test_explicit_model_control_mirrors_the_store_again_before_it_loads(azurite,
         # The store gone: the load fails with the reason, and what serves serves on.
         container.delete_container()
         status, answer = load(address, "digits")
-        assert status == 400 and "cannot mirror az://explicit/repo" in json.loads(answer)["error"], answer
+        assert status == 503 and "cannot mirror az://explicit/repo" in json.loads(answer)["error"], answer
         assert index(address)[("digits", "2")]["state"] == "READY"
 
 

@@ -18,7 +18,8 @@ use tokio::io::AsyncWriteExt;
 
 /// The folder of the cache that holds the mirror, served as the repository.
 const MIRROR: &str = "repository";
-/// The folder of the cache that holds downloads under way.
+/// The folder of the cache that holds downloads under way, one per process (`partial-<pid>`): two servers given the
+/// same cache never write into each other's files.
 const PARTIAL: &str = "partial";
 /// What the cache holds: each file's ETag and size, and where they came from.
 const MANIFEST: &str = "manifest.json";
@@ -99,6 +100,13 @@ impl RemoteRepository {
         limits: RemoteLimits,
     ) -> anyhow::Result<RemoteRepository> {
         let parsed = url::Url::parse(url).with_context(|| format!("`{url}` is not a URL"))?;
+        if parsed.query().is_some() {
+            // A SAS token pasted into the URL would be printed wherever the URL is.
+            anyhow::bail!(
+                "the model repository's URL has a query (a SAS token?): give the token in AZURE_STORAGE_SAS_TOKEN \
+                 instead, so that it is never logged"
+            );
+        }
         let (store, prefix) = object_store::parse_url_opts(&parsed, options)
             .with_context(|| format!("cannot open the model repository {url}"))?;
         Ok(RemoteRepository::with_store(Arc::from(store), prefix, url, cache, limits))
@@ -131,8 +139,12 @@ impl RemoteRepository {
     pub async fn sync(&self) -> anyhow::Result<SyncReport> {
         let mut report = SyncReport::default();
         let listed = self.list(&mut report).await?;
+        if listed.is_empty() {
+            // Refused before the cache is touched: a prefix emptied for a moment must not unload every model.
+            anyhow::bail!("the model repository {} holds no files", self.url);
+        }
         let mirror = self.mirror();
-        let partial = self.cache.join(PARTIAL);
+        let partial = self.cache.join(format!("{PARTIAL}-{}", std::process::id()));
         let _ = tokio::fs::remove_dir_all(&partial).await;
         tokio::fs::create_dir_all(&partial)
             .await
@@ -198,7 +210,7 @@ impl RemoteRepository {
             tracing::warn!(repository = %url, blob = %skipped, "skipped: the file system cannot hold this name");
         }
         report.files = listed.len();
-        report.bytes = listed.iter().map(|f| f.meta.size).sum();
+        report.bytes = listed.iter().fold(0u64, |sum, f| sum.saturating_add(f.meta.size));
         if report.bytes > self.limits.max_bytes {
             anyhow::bail!(
                 "the model repository {url} holds {} bytes in {} files, more than --max-repository-bytes {}",
@@ -218,7 +230,7 @@ impl RemoteRepository {
             let temporary = partial.join(n.to_string());
             let target = mirror.join(&file.relative);
             async move {
-                let held = fetch(store.as_ref(), &file.meta, &temporary, &target).await;
+                let held = fetch(store.as_ref(), &file.meta, &temporary, &target, mirror).await;
                 (file, held)
             }
         }))
@@ -301,11 +313,12 @@ async fn fetch(
     meta: &ObjectMeta,
     temporary: &FsPath,
     target: &FsPath,
+    mirror: &FsPath,
 ) -> anyhow::Result<Held> {
     let mut tries = 0;
     loop {
         tries += 1;
-        match fetch_once(store, meta, temporary, target).await {
+        match fetch_once(store, meta, temporary, target, mirror).await {
             Ok(held) => return Ok(held),
             Err(e) => {
                 let _ = tokio::fs::remove_file(temporary).await;
@@ -329,6 +342,7 @@ async fn fetch_once(
     meta: &ObjectMeta,
     temporary: &FsPath,
     target: &FsPath,
+    mirror: &FsPath,
 ) -> anyhow::Result<Held> {
     // The version listed, or an error: never a mix of the listed size and a newer version's bytes.
     let options = GetOptions { if_match: meta.e_tag.clone(), ..GetOptions::default() };
@@ -349,11 +363,30 @@ async fn fetch_once(
     if written != meta.size {
         anyhow::bail!("the store sent {written} of the {} bytes it listed", meta.size);
     }
+    clear_the_way(mirror, target).await?;
     if let Some(folder) = target.parent() {
         tokio::fs::create_dir_all(folder).await?;
     }
     tokio::fs::rename(temporary, target).await?;
     Ok(Held { e_tag: meta.e_tag.clone(), size: meta.size })
+}
+
+/// Makes room for the file `target` under `mirror` where the store turned a file into a folder or back (`m/3`, a
+/// folder marker, then `m/3/model.onnx`): a file where one of its folders goes, or a folder where it goes, is removed.
+async fn clear_the_way(mirror: &FsPath, target: &FsPath) -> std::io::Result<()> {
+    let Ok(relative) = target.strip_prefix(mirror) else { return Ok(()) };
+    let mut path = mirror.to_path_buf();
+    let parts: Vec<_> = relative.components().collect();
+    for (n, part) in parts.iter().enumerate() {
+        path.push(part);
+        let Ok(meta) = tokio::fs::symlink_metadata(&path).await else { return Ok(()) };
+        match (n + 1 == parts.len(), meta.is_dir()) {
+            (true, true) => tokio::fs::remove_dir_all(&path).await?,
+            (false, false) => tokio::fs::remove_file(&path).await?,
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Removes every file under `mirror` that `keep` does not name (paths relative to it, `/` between parts), and the

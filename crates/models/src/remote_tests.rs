@@ -66,7 +66,7 @@ fn the_mirror_downloads_what_changed_and_removes_what_went() {
         let mirrored = files(&remote.mirror());
         assert_eq!(mirrored.keys().collect::<Vec<_>>(), ["digits/2/model.onnx", "digits/model.toml"]);
         assert!(!remote.mirror().join("digits/1").exists(), "an emptied folder is removed");
-        assert!(!cache.path().join(PARTIAL).exists());
+        assert!(!cache.path().join(format!("{PARTIAL}-{}", std::process::id())).exists());
 
         // A file of the mirror changed on disk (cut short, say) is downloaded again.
         std::fs::write(remote.mirror().join("digits/2/model.onnx"), b"t").expect("writes");
@@ -115,25 +115,138 @@ fn names_a_file_system_cannot_hold_are_skipped() {
     });
 }
 
+/// An in-memory store whose downloads of `failing` fail, as a blob gone between the listing and its download.
+#[derive(Debug)]
+struct Failing {
+    inner: InMemory,
+    failing: std::sync::Mutex<Option<&'static str>>,
+}
+
+impl std::fmt::Display for Failing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Failing({})", self.inner)
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for Failing {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: object_store::PutPayload,
+        opts: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> object_store::Result<object_store::GetResult> {
+        if *self.failing.lock().expect("lock") == Some(location.as_ref()) {
+            let source = "gone since the listing".into();
+            return Err(object_store::Error::NotFound { path: location.to_string(), source });
+        }
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: futures_util::stream::BoxStream<'static, object_store::Result<Path>>,
+    ) -> futures_util::stream::BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&Path>,
+    ) -> futures_util::stream::BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<object_store::ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: object_store::CopyOptions) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
 #[test]
 fn a_failed_download_leaves_no_partial_file_and_keeps_what_finished() {
     runtime().block_on(async {
-        let store = Arc::new(InMemory::new());
-        put(&store, "models/m/a.bin", b"a").await;
-        put(&store, "models/m/b.bin", b"b").await;
+        let inner = InMemory::new();
+        put(&inner, "models/m/a.bin", b"a").await;
+        put(&inner, "models/m/b.bin", b"b").await;
         let cache = tempfile::tempdir().expect("tempdir");
-        let remote = repository(&store, cache.path(), RemoteLimits { parallel: 1, ..LIMITS });
-        // A folder where `b.bin` must go: its rename fails, every time.
-        std::fs::create_dir_all(remote.mirror().join("m/b.bin/inside")).expect("folder");
+        let limits = RemoteLimits { parallel: 1, ..LIMITS };
+        let store = Arc::new(Failing { inner, failing: std::sync::Mutex::new(Some("models/m/b.bin")) });
+        let dyn_store: Arc<dyn ObjectStore> = store.clone();
+        let remote = RemoteRepository::with_store(
+            dyn_store,
+            Path::from("models"),
+            "memory:///models",
+            cache.path().into(),
+            limits,
+        );
         let error = remote.sync().await.expect_err("fails");
         assert!(format!("{error:#}").contains("cannot download models/m/b.bin"), "{error:#}");
-        assert!(!cache.path().join(PARTIAL).exists(), "no partial file left");
+        assert!(format!("{error:#}").contains("gone since the listing"), "{error:#}");
+        let left: Vec<String> = std::fs::read_dir(cache.path())
+            .expect("reads")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(!left.iter().any(|name| name.starts_with(PARTIAL)), "no partial file left: {left:?}");
         assert_eq!(files(&remote.mirror()).keys().collect::<Vec<_>>(), ["m/a.bin"]);
 
-        // Once the way is clear, only what did not finish is downloaded.
-        std::fs::remove_dir_all(remote.mirror().join("m/b.bin")).expect("removes");
+        // Once the store serves it, only what did not finish is downloaded.
+        *store.failing.lock().expect("lock") = None;
         let report = remote.sync().await.expect("syncs");
         assert_eq!(report.downloaded_files, 1);
+    });
+}
+
+#[test]
+fn a_file_that_became_a_folder_or_a_folder_that_became_a_file_is_replaced() {
+    runtime().block_on(async {
+        let store = Arc::new(InMemory::new());
+        put(&store, "models/m/3", b"").await;
+        put(&store, "models/m/x/y", b"y").await;
+        let cache = tempfile::tempdir().expect("tempdir");
+        let remote = repository(&store, cache.path(), LIMITS);
+        remote.sync().await.expect("syncs");
+        assert!(remote.mirror().join("m/3").is_file() && remote.mirror().join("m/x").is_dir());
+
+        // `m/3` becomes a folder (a marker, then a file in it); `m/x` becomes a file.
+        put(&store, "models/m/3/model.onnx", b"three").await;
+        store.delete(&Path::from("models/m/3")).await.expect("deletes");
+        store.delete(&Path::from("models/m/x/y")).await.expect("deletes");
+        put(&store, "models/m/x", b"x").await;
+        remote.sync().await.expect("syncs");
+        let mirrored = files(&remote.mirror());
+        assert_eq!(mirrored.keys().collect::<Vec<_>>(), ["m/3/model.onnx", "m/x"]);
+    });
+}
+
+#[test]
+fn an_empty_listing_is_refused_and_leaves_the_cache_as_it_was() {
+    runtime().block_on(async {
+        let store = Arc::new(InMemory::new());
+        put(&store, "models/m/model.toml", b"x").await;
+        let cache = tempfile::tempdir().expect("tempdir");
+        let remote = repository(&store, cache.path(), LIMITS);
+        remote.sync().await.expect("syncs");
+        store.delete(&Path::from("models/m/model.toml")).await.expect("deletes");
+        let error = remote.sync().await.expect_err("empty");
+        assert!(error.to_string().contains("holds no files"), "{error}");
+        assert!(remote.mirror().join("m/model.toml").is_file(), "the cache is untouched");
     });
 }
 
@@ -150,6 +263,9 @@ fn a_url_names_its_store() {
     assert_eq!(azure.prefix.as_ref(), "some/prefix");
     let error = RemoteRepository::open("ftp://host/x", [], cache.clone(), LIMITS).expect_err("no such store");
     assert!(format!("{error:#}").contains("cannot open the model repository ftp://host/x"), "{error:#}");
+    let error =
+        RemoteRepository::open("az://container/x?sv=1&sig=secret", [], cache.clone(), LIMITS).expect_err("query");
+    assert!(error.to_string().contains("AZURE_STORAGE_SAS_TOKEN") && !error.to_string().contains("secret"), "{error}");
     let error = RemoteRepository::open("az://container/x", [], cache, LIMITS).expect_err("no account");
     assert!(format!("{error:#}").contains("az://container/x"), "{error:#}");
 }

@@ -60,13 +60,21 @@ fn sorted_entries(dir: &Path) -> Vec<(String, PathBuf)> {
     entries
 }
 
+/// How deep [`digest_files`] goes: links are followed (a model folder may link its files), so a link to a folder
+/// above would otherwise never end.
+const MAX_DEPTH: usize = 8;
+
 /// Feeds `path` (a file, or a folder's files, deeply) into `digest`: names, sizes, modification times.
 fn digest_files(path: &Path, digest: &mut impl Hasher) {
+    digest_within(path, digest, MAX_DEPTH);
+}
+
+fn digest_within(path: &Path, digest: &mut impl Hasher, depth: usize) {
     match std::fs::metadata(path) {
-        Ok(meta) if meta.is_dir() => {
+        Ok(meta) if meta.is_dir() && depth > 0 => {
             for (name, inner) in sorted_entries(path) {
                 name.hash(digest);
-                digest_files(&inner, digest);
+                digest_within(&inner, digest, depth - 1);
             }
         }
         Ok(meta) => (meta.len(), meta.modified().ok()).hash(digest),

@@ -20,13 +20,10 @@ pub async fn open(config: &ServeConfig) -> anyhow::Result<(PathBuf, Option<Remot
     let Some(url) = location.to_str().filter(|l| remote::is_remote(l)) else { return Ok((location, None)) };
     let options = object_store_options();
     let options = options.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-    let cache = config.remote.model_cache();
+    let cache = config.remote.model_cache(url);
     let remote = RemoteRepository::open(url, options, cache.clone(), config.remote.limits())?;
     let started = std::time::Instant::now();
     let report = remote.sync().await?;
-    if report.files == 0 {
-        anyhow::bail!("the model repository {url} holds no files");
-    }
     tracing::info!(
         repository = url,
         cache = %cache.display(),
@@ -43,7 +40,8 @@ pub async fn open(config: &ServeConfig) -> anyhow::Result<(PathBuf, Option<Remot
 }
 
 /// Mirrors a remote repository again, holding model control: what changed in the store since, if anything, is
-/// logged. Where the store fails, the mirror is left as it was, and the error says why.
+/// logged. Where the store fails, nothing loads from the mirror (files that finished are kept for the next time),
+/// and the error says why.
 pub async fn mirror_again(state: &AppState) -> Result<(), String> {
     let Some(remote) = state.registry().remote() else { return Ok(()) };
     let report = remote.sync().await.map_err(|e| format!("cannot mirror {}: {e:#}", remote.url()))?;

@@ -11,7 +11,8 @@ use inferd_models::RemoteLimits;
 pub struct RepositoryOptions {
     /// The folder a repository in an object store is mirrored into (`--models az://…`, `https://…`, `s3://…`).
     /// A restart that finds it holding the same files downloads none of them again: on AKS, keep it on a volume
-    /// that outlives the container. [default: inferd-model-cache in the system's temporary folder]
+    /// that outlives the container. [default: inferd-model-cache/<a digest of the URL> in the system's temporary
+    /// folder]
     #[arg(long, env = "INFERD_MODEL_CACHE", value_name = "DIR")]
     pub model_cache: Option<PathBuf>,
 
@@ -34,8 +35,15 @@ pub struct RepositoryOptions {
 }
 
 impl RepositoryOptions {
-    pub fn model_cache(&self) -> PathBuf {
-        self.model_cache.clone().unwrap_or_else(|| std::env::temp_dir().join("inferd-model-cache"))
+    /// The cache folder of the repository at `url`: --model-cache, else one of its own in the temporary folder (so
+    /// that servers of different repositories never share one).
+    pub fn model_cache(&self, url: &str) -> PathBuf {
+        self.model_cache.clone().unwrap_or_else(|| {
+            let mut digest = std::hash::DefaultHasher::new();
+            std::hash::Hash::hash(url, &mut digest);
+            let digest = std::hash::Hasher::finish(&digest);
+            std::env::temp_dir().join("inferd-model-cache").join(format!("{digest:016x}"))
+        })
     }
 
     pub fn limits(&self) -> RemoteLimits {

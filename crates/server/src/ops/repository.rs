@@ -85,17 +85,19 @@ pub async fn load<'a>(
         )));
     }
     let control = state.registry().control().await;
-    crate::poll::mirror_again(state).await.map_err(|e| AppError::bad_request(format!("failed to load: {e}")))?;
     let worker = state.clone();
-    tokio::task::spawn_blocking(move || {
-        // Held until the load ends, even if the request is dropped first (its client gone, its timeout).
+    // A task of its own, holding model control until the load ends, even if the request is dropped first (its client
+    // gone, its timeout): a remote repository is mirrored again, then the folder loads on the blocking pool.
+    let loading = tokio::spawn(async move {
         let _control = control;
-        worker.registry().load(&name)
-    })
-    .await
-    .map_err(|e| AppError::internal(format!("the load task failed: {e}")))?
-    .map(drop)
-    .map_err(control_error)
+        crate::poll::mirror_again(&worker).await.map_err(|e| AppError::unavailable(format!("failed to load: {e}")))?;
+        tokio::task::spawn_blocking(move || worker.registry().load(&name))
+            .await
+            .map_err(|e| AppError::internal(format!("the load task failed: {e}")))?
+            .map(drop)
+            .map_err(control_error)
+    });
+    loading.await.map_err(|e| AppError::internal(format!("the load task failed: {e}")))?
 }
 
 /// Unloads model `name`: requests already queued finish; later ones are refused (503) until it is loaded again.

@@ -90,11 +90,9 @@ impl Registry {
             tracing::info!(model = name, "poll: its folder left the repository; unloaded, its queued requests finish");
             return Ok(());
         };
+        // A model new to the registry shows once it is loaded: were it listed as loading first, a strict readiness would
+        // fail on every replica at once while it loads.
         let configs = ModelConfig::load_versions(&folder).map_err(|e| ControlError::Failed(e.to_string()))?;
-        if !current.iter().any(|m| m.loaded().is_some()) {
-            // A model that serves nothing shows as loading while it loads.
-            self.replace(name, configs.iter().cloned().map(ModelEntry::new).collect());
-        }
         let serving = |version| current.iter().find(|m| m.version() == version && m.loaded().is_some());
         let mut next: Vec<Arc<ModelEntry>> = Vec::with_capacity(configs.len());
         let mut failed = Vec::new();
