@@ -139,6 +139,14 @@ def test_the_bundled_models_serve_from_blob_storage_as_from_disk(azurite, from_d
     assert (again["downloaded_files"], again["downloaded_bytes"], again["files"]) == ("0", "0", first["files"]), again
 
 
+def test_a_prefix_that_is_one_model_folder_serves_that_model_under_its_name(azurite, from_disk, tmp_path):
+    container = new_container(azurite, "single")
+    upload(container, "repo/digits", ROOT / "models" / "digits")
+    _, env = azurite
+    with start_inferd("az://single/repo/digits", "--model-cache", tmp_path / "cache", env=env) as address:
+        np.testing.assert_array_equal(digits(address), from_disk[0])
+
+
 def test_the_bundled_models_serve_from_s3_as_from_disk(from_disk, tmp_path):
     import boto3
 

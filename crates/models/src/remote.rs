@@ -21,6 +21,8 @@ const MIRROR: &str = "repository";
 /// The folder of the cache that holds downloads under way, one per process (`partial-<pid>`): two servers given the
 /// same cache never write into each other's files.
 const PARTIAL: &str = "partial";
+/// The folder of the cache that names a mirror which is one model folder (see [`RemoteRepository::served`]).
+const NAMED: &str = "named";
 /// What the cache holds: each file's ETag and size, and where they came from.
 const MANIFEST: &str = "manifest.json";
 /// Tries per file, for errors that another try may mend (a connection reset, say).
@@ -127,9 +129,29 @@ impl RemoteRepository {
         &self.url
     }
 
-    /// The folder the mirror is in: the repository to serve.
+    /// The folder the mirror is in.
     pub fn mirror(&self) -> PathBuf {
         self.cache.join(MIRROR)
+    }
+
+    /// The folder to serve, once mirrored: the mirror; or, where the prefix is one model folder (a `model.toml` at
+    /// its top), a link to the mirror named as the prefix's last part, so that the model is served under its own
+    /// name, as a local model folder is. Blocking (a few file-system calls).
+    pub fn served(&self) -> anyhow::Result<PathBuf> {
+        let mirror = self.mirror();
+        if !mirror.join(inferd_core::MODEL_CONFIG_FILE).is_file() {
+            return Ok(mirror);
+        }
+        let name = self.prefix.parts().next_back().map(|p| p.as_ref().to_owned()).unwrap_or_else(|| "model".to_owned());
+        let named = self.cache.join(NAMED);
+        std::fs::create_dir_all(&named)?;
+        let link = named.join(&name);
+        if std::fs::read_link(&link).ok() != Some(mirror.clone()) {
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&mirror, &link)
+                .with_context(|| format!("cannot link {} to the model cache", link.display()))?;
+        }
+        Ok(link)
     }
 
     /// Makes the mirror what the store holds now: lists the prefix, downloads what the cache lacks or holds

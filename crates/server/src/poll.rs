@@ -36,7 +36,7 @@ pub async fn open(config: &ServeConfig) -> anyhow::Result<(PathBuf, Option<Remot
         seconds = started.elapsed().as_secs_f64(),
         "mirrored the remote model repository"
     );
-    Ok((remote.mirror(), Some(remote)))
+    Ok((remote.served()?, Some(remote)))
 }
 
 /// Mirrors a remote repository again, holding model control: what changed in the store since, if anything, is
