@@ -221,10 +221,12 @@ impl RemoteRepository {
             }
         }
         // A name that is also a folder of other names (`a` beside `a/b`, as some stores mark folders) cannot be both.
-        let folders: BTreeSet<&str> =
-            listed.iter().flat_map(|f| f.relative.match_indices('/').map(|(at, _)| &f.relative[..at])).collect();
+        let folders: BTreeSet<String> = listed
+            .iter()
+            .flat_map(|f| f.relative.match_indices('/').map(|(at, _)| f.relative[..at].to_owned()))
+            .collect();
         let (clashing, listed): (Vec<Listed>, Vec<Listed>) =
-            listed.iter().cloned().partition(|f| folders.contains(f.relative.as_str()));
+            listed.into_iter().partition(|f| folders.contains(&f.relative));
         report.skipped.extend(
             clashing.iter().filter(|f| f.meta.size > 0).map(|f| format!("`{}`: also a folder", f.meta.location)),
         );

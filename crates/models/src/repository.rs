@@ -148,13 +148,11 @@ impl Repository {
         if self.dir.join(MODEL_CONFIG_FILE).is_file() {
             return self.dir.file_name().and_then(|n| n.to_str()).map(str::to_owned).into_iter().collect();
         }
-        let mut names: Vec<String> = sorted_entries(&self.dir)
+        sorted_entries(&self.dir)
             .into_iter()
             .filter(|(_, path)| path.join(MODEL_CONFIG_FILE).is_file())
             .map(|(name, _)| name)
-            .collect();
-        names.sort();
-        names
+            .collect()
     }
 
     /// Each model folder's stamp, by name (see [`FolderStamp`]). Reads the folders: blocking.

@@ -116,7 +116,8 @@ impl Server {
         let (location, remote) = poll::open(&config).await?;
         let repository = Repository::new(location);
         let configs = repository.discover()?;
-        let stamps = repository.stamps();
+        // Poll mode compares its readings with what the start-up load reads; no other mode reads the folders again.
+        let stamps = (config.model_control == ModelControl::Poll).then(|| repository.stamps());
         let defaults = Defaults::choose(
             &configs,
             config.default_model.as_deref(),
@@ -140,7 +141,7 @@ impl Server {
         let state = AppState::new(&config, registry, defaults, gpu.clone())?;
         let mut background = Background::start(&state, gpu, Duration::from_millis(config.gpu_refresh_ms));
         load_in_background(&state);
-        if config.model_control == ModelControl::Poll {
+        if let Some(stamps) = stamps {
             background.0.push(poll::start(state.clone(), config.remote.poll_interval(), stamps));
         }
 

@@ -83,10 +83,7 @@ impl Registry {
     pub fn refresh(&self, name: &str, changed: &dyn Fn(u64) -> bool) -> Result<(), ControlError> {
         let current: Vec<Arc<ModelEntry>> = self.snapshot().iter().filter(|m| m.name() == name).cloned().collect();
         let Some(folder) = self.repository.model_folder(name) else {
-            let gone = |m: &Arc<ModelEntry>| {
-                ModelEntry::with(m.config.clone(), Loaded::Unloaded("its folder left the repository".into()))
-            };
-            self.replace(name, current.iter().map(gone).collect());
+            self.replace(name, current.iter().map(|m| m.unloaded("its folder left the repository")).collect());
             tracing::info!(model = name, "poll: its folder left the repository; unloaded, its queued requests finish");
             return Ok(());
         };
@@ -133,7 +130,7 @@ impl Registry {
                     ModelState::Unloaded(why) => why.to_owned(),
                     _ => "its version folder left the repository, or its version_policy leaves it out".to_owned(),
                 };
-                next.push(ModelEntry::with(old.config.clone(), Loaded::Unloaded(why)));
+                next.push(old.unloaded(why));
             }
         }
         let versions: Vec<u64> = next.iter().filter(|m| m.loaded().is_some()).map(|m| m.version()).collect();
@@ -153,9 +150,7 @@ impl Registry {
             // A model of the repository that was never loaded is unloaded already.
             return self.folder(name).map(drop);
         }
-        let unloaded =
-            current.iter().map(|m| ModelEntry::with(m.config.clone(), Loaded::Unloaded("unloaded".into()))).collect();
-        self.replace(name, unloaded);
+        self.replace(name, current.iter().map(|m| m.unloaded("unloaded")).collect());
         tracing::info!(model = name, "model control: unloaded; its queued requests finish");
         Ok(())
     }

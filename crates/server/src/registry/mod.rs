@@ -67,6 +67,11 @@ impl ModelEntry {
         entry
     }
 
+    /// This version, taken out of service for `why`: what replaces it when model control or poll mode unloads it.
+    fn unloaded(&self, why: impl Into<String>) -> Arc<ModelEntry> {
+        ModelEntry::with(self.config.clone(), Loaded::Unloaded(why.into()))
+    }
+
     pub fn name(&self) -> &str {
         &self.config.name
     }
