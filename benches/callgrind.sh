@@ -6,6 +6,7 @@
 # (NAME.out, for callgrind_annotate or kcachegrind; not committed), its top functions (NAME-top.txt) and a one-line
 # JSON.
 #   REQUESTS=2000 ./benches/callgrind.sh
+# INFERD=path counts another build of the server (a before and after), built here only when it is this tree's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REQUESTS=${REQUESTS:-2000}
@@ -13,14 +14,18 @@ WARMUP=${WARMUP:-200}
 OUT=${OUT:-benches/results}
 PORT=${PORT:-18080}
 NAME=${NAME:-callgrind-digits}
+INFERD=${INFERD:-}
 mkdir -p "$OUT"
 command -v valgrind >/dev/null || { echo "callgrind.sh: needs valgrind (apt install valgrind)" >&2; exit 1; }
 
 ./scripts/setup.sh
-cargo build --release --locked -p inferd-server
+if [ -z "$INFERD" ]; then
+    cargo build --release --locked -p inferd-server
+    INFERD=target/release/inferd
+fi
 profile=$OUT/$NAME.out
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$profile" \
-    target/release/inferd serve --host 127.0.0.1 --port "$PORT" --grpc-port 0 --log warn --models models/digits \
+    "$INFERD" serve --host 127.0.0.1 --port "$PORT" --grpc-port 0 --log warn --models models/digits \
     2>"$OUT/$NAME.log" &
 SERVER=$!
 trap 'kill -TERM "$SERVER" 2>/dev/null || true' EXIT

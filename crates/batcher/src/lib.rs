@@ -9,7 +9,8 @@
 //!
 //! - `request`: what callers hand in and get back.
 //! - `admission`: the checks a request passes before it queues, and its split into pieces.
-//! - `queue`: admission, the one place batches are cut, and its triggers.
+//! - `queue`: admission, the one place batches are cut, and its triggers; lending an idle worker to the caller of a
+//!   lone request of a quick model, who runs it inline (`queue::lending`).
 //! - `worker`: running batches, isolating the requests that fail them, checking and splitting outputs.
 //! - [`policy`]: the batching decision, a pure function.
 
@@ -19,12 +20,12 @@ mod queue;
 mod request;
 mod worker;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use inferd_core::{BatchingConfig, Engine, ModelMetadata, Tensor};
 
-use crate::queue::Queue;
+use crate::queue::{Admitted, Inline, Queue};
 use crate::worker::Worker;
 
 pub use crate::request::{
@@ -49,6 +50,9 @@ pub struct Batcher {
     queue: Arc<Queue>,
     /// Told of each request queued; the workers hold clones for what they do.
     observer: Arc<dyn BatchObserver>,
+    /// The workers, by index, for the lone requests that run inline on one lent to them. Each worker's thread holds
+    /// the only strong reference, so that its engine is dropped on that thread as it exits.
+    workers: Arc<[Weak<Mutex<Worker>>]>,
     /// Stops the threads when the last handle goes; the threads themselves hold only the queue.
     _stop_on_drop: Arc<StopOnDrop>,
 }
@@ -87,17 +91,22 @@ impl Batcher {
             metadata,
         };
         let queue = Arc::new(Queue::new(model, config, engines.len()));
+        let workers: Vec<Arc<Mutex<Worker>>> = engines
+            .into_iter()
+            .enumerate()
+            .map(|(i, engine)| Arc::new(Mutex::new(Worker::new(i, queue.clone(), observer.clone(), engine))))
+            .collect();
         // Made first, so that a thread that fails to start stops those already started as `batcher` drops.
         let batcher = Batcher {
             queue: queue.clone(),
             observer: observer.clone(),
+            workers: workers.iter().map(Arc::downgrade).collect(),
             _stop_on_drop: Arc::new(StopOnDrop(queue.clone())),
         };
         let timer = queue.clone();
         queue.spawn(format!("inferd-sched-{name}"), move || timer.run_timer())?;
-        for (i, engine) in engines.into_iter().enumerate() {
-            let worker = Worker::new(i, queue.clone(), observer.clone(), engine);
-            queue.spawn(format!("inferd-{name}-{i}"), move || worker.run())?;
+        for (i, worker) in workers.into_iter().enumerate() {
+            queue.spawn(format!("inferd-{name}-{i}"), move || Worker::run(worker))?;
         }
         Ok(batcher)
     }
@@ -132,8 +141,11 @@ impl Batcher {
     /// [`BatchError::InvalidInput`].
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, BatchError> {
         let pieces = request.pieces;
-        let (pending, depth) = self.queue.admit(request)?;
+        let Admitted { answers: pending, depth, inline } = self.queue.admit(request)?;
         self.observer.request_queued(depth);
+        if let Some(inline) = inline {
+            self.run_inline(inline);
+        }
 
         let mut answers = Vec::with_capacity(pending.len());
         for answer in pending {
@@ -156,6 +168,22 @@ impl Batcher {
             queue_time: answers.iter().map(|a| a.queue_time).max().unwrap_or_default(),
             compute_time: answers.iter().map(|a| a.compute_time).sum(),
         })
+    }
+
+    /// Runs a lone request's batch on this thread, on the engine of the idle worker lent to it, as the worker would.
+    fn run_inline(&self, Inline { worker, batch }: Inline) {
+        /// Ends the loan however the run ends, a panic included, so that the worker is never left lent.
+        struct Loan<'a>(&'a Queue, usize);
+        impl Drop for Loan<'_> {
+            fn drop(&mut self) {
+                self.0.inline_done(self.1);
+            }
+        }
+        let _loan = Loan(&self.queue, worker);
+        // A lent worker's thread waits for its loan to end before anything else, exiting included: it is alive.
+        if let Some(lent) = self.workers.get(worker).and_then(Weak::upgrade) {
+            worker::lock(&lent).run_batch(batch);
+        }
     }
 
     /// Draining: from now on batches are cut without waiting for a fuller one. Requests are still taken.

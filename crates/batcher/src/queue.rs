@@ -2,6 +2,7 @@
 //! function that cuts batches, and the sweeps of requests whose caller left or whose deadline passed.
 
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -14,6 +15,14 @@ use crate::admission;
 use crate::policy::{decide, Candidate, Decision, Policy};
 use crate::request::{BatchError, InferRequest, InferResponse, Inputs};
 use crate::Model;
+
+use self::lending::INLINE_PAUSE;
+pub(crate) use self::lending::{Admitted, Inline};
+pub(crate) use self::sweep::drop_dead_requests;
+use self::sweep::take_positions;
+
+mod lending;
+mod sweep;
 
 /// Where one queued piece's answer arrives.
 pub(crate) type Answer = oneshot::Receiver<Result<InferResponse, BatchError>>;
@@ -50,6 +59,11 @@ pub(crate) struct Queue {
     /// How long a worker waits for a batch before it gives back its engine's cached memory
     /// (`release_after_idle_ms`); `None` for never.
     pub(crate) release_after_idle: Option<Duration>,
+    /// A lone request runs inline, on its caller's thread, while batches take under this
+    /// (`run_inline_under_us`); `None` for never (a GPU model's engine stays on its own thread).
+    inline_under: Option<Duration>,
+    /// How long the model's batches take, a moving average in nanoseconds; `u64::MAX` until the first has run.
+    batch_ns: AtomicU64,
     state: Mutex<State>,
     work_ready: Condvar,
     control: Condvar,
@@ -73,8 +87,16 @@ struct State {
     stopping: bool,
     /// Threads started and not yet returned: counted by `spawn`, waited for by `stop`.
     live_threads: usize,
-    /// Workers waiting in `next_batch`: `cut` cuts no more batches than this.
+    /// Workers waiting in `next_batch`: `cut` cuts no more batches than this, less those lent to callers.
     idle_workers: usize,
+    /// Workers whose engine is lent to a caller running a lone request inline ([`Queue::admit`]). A lent worker
+    /// stays waiting in `next_batch` (idle, yet given no batch) until the loan ends, so that its engine is free.
+    lent: Vec<bool>,
+    /// How many of `lent` are true.
+    loans: usize,
+    /// No request runs inline before this: one came while another ran inline, so requests overlap, and the worker
+    /// batches them. Set by `admit`.
+    inline_paused_until: Option<Instant>,
     /// When each worker's running batch started; `None` while it waits. Each worker sets its own slot.
     running: Vec<Option<Instant>>,
 }
@@ -127,6 +149,8 @@ struct BatchKey {
 
 impl Queue {
     pub(crate) fn new(model: Model, config: &BatchingConfig, workers: usize) -> Self {
+        let inline_under = (config.run_inline_under_us > 0 && !model.metadata.on_gpu())
+            .then(|| Duration::from_micros(config.run_inline_under_us));
         Queue {
             policy: Policy::from_config(config, model.sequences),
             model,
@@ -134,6 +158,8 @@ impl Queue {
             timeout: (config.timeout_ms > 0).then(|| Duration::from_millis(config.timeout_ms)),
             release_after_idle: (config.release_after_idle_ms > 0)
                 .then(|| Duration::from_millis(config.release_after_idle_ms)),
+            inline_under,
+            batch_ns: AtomicU64::new(u64::MAX),
             state: Mutex::new(State {
                 queue: VecDeque::new(),
                 ready: VecDeque::new(),
@@ -142,6 +168,9 @@ impl Queue {
                 stopping: false,
                 live_threads: 0,
                 idle_workers: 0,
+                lent: vec![false; workers],
+                loans: 0,
+                inline_paused_until: None,
                 running: vec![None; workers],
             }),
             work_ready: Condvar::new(),
@@ -171,9 +200,14 @@ impl Queue {
     }
 
     /// Checks and queues a request, in pieces of at most `max_batch_size` rows (a text request: one piece per
-    /// sequence), and cuts a batch if a worker is idle. Returns where each piece's answer arrives, in order, and
-    /// the queue's depth after.
-    pub(crate) fn admit(&self, request: InferRequest) -> Result<(Vec<Answer>, usize), BatchError> {
+    /// sequence), and cuts a batch if a worker is idle.
+    ///
+    /// A lone request whose batch would hold it alone, of a CPU model whose batches take under
+    /// `run_inline_under_us`, is not handed to the worker: the idle worker's engine is lent to the caller, who runs
+    /// the batch on its own thread ([`Admitted::inline`]) and then calls [`Queue::inline_done`]. That spares the
+    /// worker's wake-up and the caller's, which cost a small model more than its run (benches/README.md, "Running a
+    /// lone request inline").
+    pub(crate) fn admit(&self, request: InferRequest) -> Result<Admitted, BatchError> {
         let text = self.model.metadata.text.as_ref();
         match (request.contract, text) {
             (Some(c), Some(text)) if !text.serves(c) => {
@@ -208,12 +242,16 @@ impl Queue {
         if state.stopping {
             return Err(BatchError::Unavailable(model.name.clone()));
         }
+        if state.loans > 0 {
+            // Requests overlap: they batch better on the worker than one by one inline.
+            state.inline_paused_until = Some(now + INLINE_PAUSE);
+        }
         if state.queue.len() + state.ready_requests + pieces.len() > self.max_queue_size {
             return Err(BatchError::QueueFull { model: model.name.clone(), max_queue_size: self.max_queue_size });
         }
         // A text model's sequences batch whatever their length: dim 1 is left out of the key.
         let key_from = if model.sequences { 2 } else { 1 };
-        let answers = pieces
+        let answers: Vec<Answer> = pieces
             .into_iter()
             .map(|inputs| {
                 let (reply, answer) = oneshot::channel();
@@ -245,16 +283,24 @@ impl Queue {
             .collect();
         // Trigger 1 of `cut`. The scheduler is woken only when it has a timer to set: a queue delay to wait out,
         // or a deadline.
-        let (wait, cut) = self.cut(&mut state, now);
+        let (wait, mut cut) = self.cut(&mut state, now);
+        let inline = match cut == 1 && answers.len() == 1 {
+            true => self.lend(&mut state, now),
+            false => None,
+        };
+        if inline.is_some() {
+            cut = 0;
+        }
         let depth = state.queue.len() + state.ready_requests;
+        let lent = state.loans > 0;
         // Woken after the lock is let go, a worker takes its batch at once instead of waking only to wait for the
         // lock its waker still holds (benches/README.md, "digits, an empty POST beside it, and waking the worker").
         drop(state);
-        self.wake_workers(cut);
+        self.wake_workers(cut, lent);
         if wait.is_some() || deadline.is_some() {
             self.control.notify_all();
         }
-        Ok((answers, depth))
+        Ok(Admitted { answers, depth, inline })
     }
 
     /// Cuts batches from the queue for the idle workers, as the policy decides. The only place batches are cut;
@@ -262,7 +308,7 @@ impl Queue {
     /// happens, and how many batches it cut: the caller wakes one worker for each.
     fn cut(&self, state: &mut State, now: Instant) -> (Option<Instant>, usize) {
         let mut cut = 0;
-        while state.ready.len() < state.idle_workers {
+        while state.ready.len() + state.loans < state.idle_workers {
             let candidates: Vec<Candidate<&BatchKey>> = state
                 .queue
                 .iter()
@@ -284,8 +330,13 @@ impl Queue {
         (None, cut)
     }
 
-    /// Wakes `n` idle workers, one per batch cut for them.
-    fn wake_workers(&self, n: usize) {
+    /// Wakes `n` idle workers, one per batch cut for them; all of them while a worker is `lent`, which would not
+    /// take the batch its wake-up was for.
+    fn wake_workers(&self, n: usize, lent: bool) {
+        if lent && n > 0 {
+            self.work_ready.notify_all();
+            return;
+        }
         for _ in 0..n {
             self.work_ready.notify_one();
         }
@@ -298,6 +349,17 @@ impl Queue {
         state.running[worker] = None;
         state.idle_workers += 1;
         loop {
+            if state.lent[worker] {
+                // Its engine is lent to a caller running a request inline: it takes nothing, not even a stop or its
+                // idle release, until the loan ends.
+                state = match idle_until.and_then(|until| until.checked_duration_since(Instant::now())) {
+                    Some(left) if !left.is_zero() => {
+                        self.work_ready.wait_timeout(state, left).unwrap_or_else(PoisonError::into_inner).0
+                    }
+                    _ => self.work_ready.wait(state).unwrap_or_else(PoisonError::into_inner),
+                };
+                continue;
+            }
             if let Some(batch) = state.ready.pop_front() {
                 state.ready_requests -= batch.len();
                 state.idle_workers -= 1;
@@ -318,7 +380,7 @@ impl Queue {
             }
             // This worker takes one of the batches; the others are for workers asleep. (A notification with no
             // one asleep is still a system call: none is made for the batch this worker takes itself.)
-            self.wake_workers(cut.saturating_sub(1));
+            self.wake_workers(cut.saturating_sub(1), state.loans > 0);
             if !state.ready.is_empty() {
                 continue;
             }
@@ -356,7 +418,7 @@ impl Queue {
             let mut wake_at = state.queue.iter().chain(state.ready.iter().flatten()).filter_map(|p| p.deadline).min();
             // Trigger 3 of `cut`.
             let (wait, cut) = self.cut(&mut state, now);
-            self.wake_workers(cut);
+            self.wake_workers(cut, state.loans > 0);
             if let Some(t) = wait {
                 wake_at = Some(wake_at.map_or(t, |w| w.min(t)));
             }
@@ -421,44 +483,4 @@ impl Queue {
     pub(crate) fn longest_running(&self) -> Option<Duration> {
         self.lock().running.iter().flatten().min().map(Instant::elapsed)
     }
-}
-
-/// Removes the requests whose client went away, and answers those past their deadline.
-pub(crate) fn drop_dead_requests<C>(requests: &mut C, now: Instant)
-where
-    C: Default + IntoIterator<Item = Pending> + FromIterator<Pending>,
-    for<'a> &'a C: IntoIterator<Item = &'a Pending>,
-{
-    if (&*requests).into_iter().any(|p| p.abandoned() || p.expired(now)) {
-        *requests = std::mem::take(requests).into_iter().filter_map(|p| answer_if_dead(p, now)).collect();
-    }
-}
-
-fn answer_if_dead(p: Pending, now: Instant) -> Option<Pending> {
-    if p.abandoned() {
-        None
-    } else if p.expired(now) {
-        tracing::debug!(parent: &p.span, "the deadline passed in the queue");
-        let _ = p.reply.send(Err(BatchError::DeadlineExceeded));
-        None
-    } else {
-        Some(p)
-    }
-}
-
-/// Removes the requests at `positions` (ascending) from the queue, in order.
-fn take_positions(queue: &mut VecDeque<Pending>, positions: &[usize]) -> Vec<Pending> {
-    let mut taken = Vec::with_capacity(positions.len());
-    let mut kept = VecDeque::with_capacity(queue.len().saturating_sub(positions.len()));
-    let mut next = positions.iter().peekable();
-    for (i, p) in queue.drain(..).enumerate() {
-        if next.peek() == Some(&&i) {
-            next.next();
-            taken.push(p);
-        } else {
-            kept.push_back(p);
-        }
-    }
-    *queue = kept;
-    taken
 }

@@ -11,11 +11,12 @@ use crate::admission::piece_rows;
 use crate::{BatchError, BatchObserver, BatchRun, Batcher, InferRequest, InferResponse};
 
 mod counts;
+mod inline;
 mod worker;
 
 /// Doubles its FP32 input `[-1, -1]`. Records each batch's values; can be held at a gate. Refuses as invalid
-/// input what does not fit its input's spec, as a real engine does; panics on a value of -1, fails on -2 and
-/// refuses -3 as invalid input.
+/// input what does not fit its input's spec, as a real engine does; panics on a value of -1, fails on -2,
+/// refuses -3 as invalid input and takes 5 ms over -4.
 struct Doubler {
     metadata: ModelMetadata,
     seen: Arc<Mutex<Vec<Vec<f32>>>>,
@@ -36,6 +37,10 @@ impl Gate {
     fn open(&self) {
         *self.open.lock().expect("gate") = true;
         self.opened.notify_all();
+    }
+
+    fn close(&self) {
+        *self.open.lock().expect("gate") = false;
     }
 
     fn wait(&self) {
@@ -85,6 +90,9 @@ impl Engine for Doubler {
         if values.contains(&-3.0) {
             return Err(inferd_core::Error::InvalidInput("-3 is not welcome".into()));
         }
+        if values.contains(&-4.0) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let doubled: Vec<f32> = values.iter().map(|v| v * 2.0).collect();
         Ok(vec![Tensor::from_slice(inputs[0].shape().to_vec(), &doubled)?])
     }
@@ -107,6 +115,8 @@ struct Observed {
     tokens: Mutex<Vec<(usize, usize)>>,
     /// The threads that said their worker went idle, one entry per call.
     idle: Mutex<Vec<String>>,
+    /// The thread that ran each batch, in order.
+    threads: Mutex<Vec<String>>,
 }
 
 impl BatchObserver for Observed {
@@ -120,6 +130,8 @@ impl BatchObserver for Observed {
 
     fn batch_done(&self, run: &BatchRun) {
         self.batches.lock().expect("observed").push((run.rows, run.ok));
+        let thread = std::thread::current().name().unwrap_or_default().to_owned();
+        self.threads.lock().expect("observed").push(thread);
     }
 
     fn tokens_batched(&self, real: usize, padded: usize) {
@@ -179,8 +191,10 @@ fn spawn_row(batcher: &Batcher, values: Vec<f32>) -> tokio::task::JoinHandle<Res
     tokio::spawn(async move { b.infer(rows(&values, cols)).await })
 }
 
+/// Batches of up to `max` rows, every one run by the worker: a request held at the gate inline would hold the
+/// test's own thread (`tests/inline.rs` tests running inline).
 fn batched(max: usize) -> BatchingConfig {
-    BatchingConfig { max_batch_size: max, ..BatchingConfig::default() }
+    BatchingConfig { max_batch_size: max, run_inline_under_us: 0, ..BatchingConfig::default() }
 }
 
 /// Sends a one-row request of `value` and waits until the worker holds it at the (closed) gate: from then on

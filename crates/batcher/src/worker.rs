@@ -1,9 +1,10 @@
-//! The worker threads: each owns one engine and runs the batches the queue cuts for it, isolating the requests
-//! that make a batch fail, and checks and splits the engine's outputs back into the requests' answers.
+//! The workers: each owns one engine and runs the batches the queue cuts for it (or a lone request, inline, on its
+//! caller's thread), isolating the requests that make a batch fail, and checks and splits the engine's outputs back
+//! into the requests' answers.
 
 use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use inferd_core::text::Contract;
@@ -12,7 +13,9 @@ use inferd_core::{DataType, Engine, Tensor};
 use crate::queue::{drop_dead_requests, Next, Pending, Queue};
 use crate::request::{BatchError, BatchObserver, BatchRun, InferResponse};
 
-/// One worker; everything here is owned by its thread.
+/// One engine and what runs batches on it. Its worker thread holds it for each batch it runs; a request's caller
+/// holds it instead to run a lone request inline (see [`crate::queue::Queue::admit`]), which is why it sits behind a
+/// mutex. The worker thread owns the only strong reference, so the engine is dropped on that thread when it exits.
 pub(crate) struct Worker {
     /// Its slot in the queue's record of running batches.
     index: usize,
@@ -20,8 +23,15 @@ pub(crate) struct Worker {
     queue: Arc<Queue>,
     /// Shared with the handles and the other workers; told of every batch this worker runs.
     observer: Arc<dyn BatchObserver>,
-    /// Used by this thread alone, which is why `Engine::run` may take `&mut self`.
+    /// Used by whoever holds the worker's lock, which is why `Engine::run` may take `&mut self`.
     engine: Box<dyn Engine>,
+    /// When its last batch ended, inline or not: what its idle spell counts from.
+    last_batch: Option<Instant>,
+}
+
+/// Locks a worker. A panic while a batch ran left nothing half-done that the next batch depends on.
+pub(crate) fn lock(worker: &Mutex<Worker>) -> MutexGuard<'_, Worker> {
+    worker.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Worker {
@@ -31,41 +41,50 @@ impl Worker {
         observer: Arc<dyn BatchObserver>,
         engine: Box<dyn Engine>,
     ) -> Self {
-        Worker { index, queue, observer, engine }
+        Worker { index, queue, observer, engine, last_batch: None }
     }
 
-    /// The thread's body: runs a batch whenever one is cut for it, until the queue stops. Once idle for the
+    /// The worker thread's body: runs a batch whenever one is cut for it, until the queue stops. Once idle for the
     /// queue's `release_after_idle` after a batch, it has its engine give back what it keeps cached, and waits on.
-    pub(crate) fn run(mut self) {
-        let mut last_batch: Option<Instant> = None;
+    pub(crate) fn run(worker: Arc<Mutex<Worker>>) {
+        let (index, queue) = {
+            let w = lock(&worker);
+            (w.index, w.queue.clone())
+        };
         loop {
-            let idle_until = last_batch.zip(self.queue.release_after_idle).map(|(at, after)| at + after);
-            match self.queue.next_batch(self.index, idle_until) {
+            let last_batch = lock(&worker).last_batch;
+            let idle_until = last_batch.zip(queue.release_after_idle).map(|(at, after)| at + after);
+            match queue.next_batch(index, idle_until) {
                 Next::Batch(batch) => {
-                    if self.run_batch(batch) {
-                        last_batch = Some(Instant::now());
-                    }
+                    lock(&worker).run_batch(batch);
                 }
-                Next::Idle => {
-                    last_batch = None;
-                    let released = catch_unwind(AssertUnwindSafe(|| self.engine.release_cached_memory()));
-                    if released.is_err() {
-                        let model = &self.queue.model.name;
-                        tracing::error!(%model, "the engine panicked giving back its cached memory");
-                    }
-                    self.observer.worker_idle();
-                }
+                Next::Idle => lock(&worker).release_if_idle(),
                 Next::Stop => return,
             }
         }
     }
 
-    /// Runs `batch`; false when the engine did not run, every request in it being dead.
-    fn run_batch(&mut self, mut batch: Vec<Pending>) -> bool {
+    /// Has the engine give back its cached memory, unless a batch ran inline since the worker thread began to wait.
+    fn release_if_idle(&mut self) {
+        let after = self.queue.release_after_idle.unwrap_or_default();
+        if self.last_batch.is_some_and(|at| at.elapsed() < after) {
+            return;
+        }
+        self.last_batch = None;
+        let released = catch_unwind(AssertUnwindSafe(|| self.engine.release_cached_memory()));
+        if released.is_err() {
+            let model = &self.queue.model.name;
+            tracing::error!(%model, "the engine panicked giving back its cached memory");
+        }
+        self.observer.worker_idle();
+    }
+
+    /// Runs `batch`, unless every request in it is dead; tells the queue how long it took.
+    pub(crate) fn run_batch(&mut self, mut batch: Vec<Pending>) {
         let started = Instant::now();
         drop_dead_requests(&mut batch, started);
         if batch.is_empty() {
-            return false;
+            return;
         }
         let rows: usize = batch.iter().map(|p| p.rows).sum();
         let span =
@@ -78,7 +97,10 @@ impl Worker {
             self.observer.request_started(started.saturating_duration_since(p.enqueued_at));
         }
         self.run_isolating(batch, started);
-        true
+        drop(_entered);
+        let ended = Instant::now();
+        self.last_batch = Some(ended);
+        self.queue.batch_took(ended - started);
     }
 
     /// Runs `batch` and answers its requests. A batch that fails while holding more than one request runs again

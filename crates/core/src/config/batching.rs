@@ -27,10 +27,22 @@ pub struct BatchingConfig {
     /// from its last batches (on a GPU, the blocks CUDA's memory pool holds for the next ones), once per idle
     /// spell; 0 keeps it for the next burst.
     pub release_after_idle_ms: u64,
+    /// A lone request that finds a worker idle and nothing queued runs on the thread that took it in, with no
+    /// hand-off to the worker thread and back, while the model's recent batches have taken under this many
+    /// microseconds (a CPU model only); 0 always hands off. At most [`MAX_RUN_INLINE_UNDER_US`].
+    pub run_inline_under_us: u64,
 }
 
 /// Default `max_batch_tokens`: 16 Ki tokens, 64 rows of 256.
 pub const DEFAULT_MAX_BATCH_TOKENS: usize = 16 * 1024;
+
+/// Default `run_inline_under_us`: a model whose batches take a few tens of microseconds (a small tabular or scoring
+/// model) spends more on two threads' wake-ups than on its run.
+pub const DEFAULT_RUN_INLINE_UNDER_US: u64 = 50;
+
+/// Largest `run_inline_under_us`: the thread that runs a request inline serves other connections' requests too, and
+/// a millisecond is as long as it may be kept from them.
+pub const MAX_RUN_INLINE_UNDER_US: u64 = 1_000;
 
 /// Default `release_after_idle_ms`: ten seconds, as long as the process's allocator keeps freed host pages.
 pub const DEFAULT_RELEASE_AFTER_IDLE_MS: u64 = 10_000;
@@ -45,6 +57,7 @@ impl Default for BatchingConfig {
             timeout_ms: 0,
             max_batch_tokens: DEFAULT_MAX_BATCH_TOKENS,
             release_after_idle_ms: DEFAULT_RELEASE_AFTER_IDLE_MS,
+            run_inline_under_us: DEFAULT_RUN_INLINE_UNDER_US,
         }
     }
 }

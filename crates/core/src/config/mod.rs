@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 
-pub use batching::{BatchingConfig, DEFAULT_MAX_BATCH_TOKENS, MAX_BATCH_SIZE_LIMIT};
+pub use batching::{BatchingConfig, DEFAULT_MAX_BATCH_TOKENS, MAX_BATCH_SIZE_LIMIT, MAX_RUN_INLINE_UNDER_US};
 pub use image::{
     Anchor, Channels, Filter, ImageConfig, Labels, Layout, OutputConfig, OutputKind, Resize, Rounding,
     DEFAULT_MAX_PIXELS, MAX_IMAGE_SIDE,
@@ -295,6 +295,12 @@ impl ModelConfig {
         }
         if b.max_queue_delay_us > 60_000_000 {
             return Err("batching.max_queue_delay_us: at most 60 s (60000000)".into());
+        }
+        if b.run_inline_under_us > MAX_RUN_INLINE_UNDER_US {
+            return Err(format!(
+                "batching.run_inline_under_us: at most {MAX_RUN_INLINE_UNDER_US} (a millisecond), got {}",
+                b.run_inline_under_us
+            ));
         }
         for (table, specs) in [("input", &self.inputs), ("output", &self.outputs)] {
             for (i, spec) in specs.iter().enumerate() {

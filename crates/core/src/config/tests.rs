@@ -34,6 +34,7 @@ fn every_field_is_read() {
         max_queue_size = 10
         timeout_ms = 250
         release_after_idle_ms = 30000
+        run_inline_under_us = 20
         [candle]
         architecture = "mlp"
         layers = [4, 3]
@@ -55,6 +56,7 @@ fn every_field_is_read() {
     assert_eq!(c.batching.preferred_batch_sizes, vec![8, 16]);
     assert_eq!(c.batching.timeout_ms, 250);
     assert_eq!(c.batching.release_after_idle_ms, 30_000);
+    assert_eq!(c.batching.run_inline_under_us, 20);
     assert_eq!(c.inputs[0].datatype, DataType::Fp16);
     assert_eq!(c.outputs[0].shape, vec![-1, 3]);
     assert_eq!(c.candle.as_ref().map(|c| c.layers.clone()), Some(vec![4, 3]));
@@ -80,6 +82,7 @@ fn errors_name_the_file_and_the_field() {
         (format!("{base}[batching]\nmax_queue_size = 0"), "batching.max_queue_size"),
         (format!("{base}[batching]\npreferred_batch_sizes = [128]"), "batching.preferred_batch_sizes: 128"),
         (format!("{base}[batching]\nmax_batch_sise = 3"), "max_batch_sise"),
+        (format!("{base}[batching]\nrun_inline_under_us = 1001"), "batching.run_inline_under_us: at most 1000"),
         (format!("{base}[[input]]\nname = \"x\"\ndatatype = \"FLOAT\"\nshape = [-1]"), "unknown datatype `FLOAT`"),
         (
             format!("{base}[[input]]\nname = \"x\"\ndatatype = \"FP32\"\nshape = [1, 4]"),
