@@ -93,6 +93,16 @@ fn texts_become_one_sequence_each_with_every_token_input_in_the_engines_order() 
 }
 
 #[test]
+fn the_tokenizers_that_truncate_each_way_share_one_vocabulary() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let task = task(dir.path(), 16);
+    let front = task.tokenizer().expect("a text task has a tokenizer");
+    // The plain one, and the ones cutting the longer text or the second, from the end or the start.
+    assert_eq!(front.model_holders(), 5);
+    assert_eq!(front.tokenizer().get_vocab_size(true), VOCAB.len());
+}
+
+#[test]
 fn long_texts_are_cut_unless_the_request_refuses_truncation() {
     let dir = tempfile::tempdir().expect("tempdir");
     let task = task(dir.path(), 4);

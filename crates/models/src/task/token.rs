@@ -138,7 +138,7 @@ impl TokenTask {
     pub fn load(engine: &ModelMetadata) -> anyhow::Result<TokenTask> {
         let front = TextFront::load(engine)?;
         let tokenizer = front.tokenizer();
-        let (prefix, unk) = match tokenizer.get_model() {
+        let (prefix, unk) = match &**tokenizer.get_model() {
             ModelWrapper::WordPiece(m) => (Some(m.continuing_subword_prefix.clone()), Some(m.unk_token.clone())),
             ModelWrapper::BPE(m) => (m.continuing_subword_prefix.clone(), m.unk_token.clone()),
             ModelWrapper::WordLevel(m) => (None, Some(m.unk_token.clone())),
