@@ -171,17 +171,11 @@ impl Batcher {
     }
 
     /// Runs a lone request's batch on this thread, on the engine of the idle worker lent to it, as the worker would.
-    fn run_inline(&self, Inline { worker, batch }: Inline) {
-        /// Ends the loan however the run ends, a panic included, so that the worker is never left lent.
-        struct Loan<'a>(&'a Queue, usize);
-        impl Drop for Loan<'_> {
-            fn drop(&mut self) {
-                self.0.inline_done(self.1);
-            }
-        }
-        let _loan = Loan(&self.queue, worker);
-        // A lent worker's thread waits for its loan to end before anything else, exiting included: it is alive.
-        if let Some(lent) = self.workers.get(worker).and_then(Weak::upgrade) {
+    fn run_inline(&self, mut inline: Inline<'_>) {
+        let batch = inline.take_batch();
+        // A lent worker's thread waits for its loan to end before anything else, exiting included: it is alive, and
+        // it is its thread that drops the engine. The loan ends as `inline` drops, after the worker's lock.
+        if let Some(lent) = self.workers.get(inline.worker).and_then(Weak::upgrade) {
             worker::lock(&lent).run_batch(batch);
         }
     }

@@ -16,8 +16,8 @@ use crate::policy::{decide, Candidate, Decision, Policy};
 use crate::request::{BatchError, InferRequest, InferResponse, Inputs};
 use crate::Model;
 
-use self::lending::INLINE_PAUSE;
 pub(crate) use self::lending::{Admitted, Inline};
+use self::lending::{INLINE_PAUSE, LENT_RECHECK};
 pub(crate) use self::sweep::drop_dead_requests;
 use self::sweep::take_positions;
 
@@ -62,8 +62,10 @@ pub(crate) struct Queue {
     /// A lone request runs inline, on its caller's thread, while batches take under this
     /// (`run_inline_under_us`); `None` for never (a GPU model's engine stays on its own thread).
     inline_under: Option<Duration>,
-    /// How long the model's batches take, a moving average in nanoseconds; `u64::MAX` until the first has run.
+    /// How long the model's batches take, and their rows each, moving averages in nanoseconds; `u64::MAX` until
+    /// the first batch has run.
     batch_ns: AtomicU64,
+    row_ns: AtomicU64,
     state: Mutex<State>,
     work_ready: Condvar,
     control: Condvar,
@@ -89,6 +91,8 @@ struct State {
     live_threads: usize,
     /// Workers waiting in `next_batch`: `cut` cuts no more batches than this, less those lent to callers.
     idle_workers: usize,
+    /// Which workers are waiting in `next_batch` (those `idle_workers` counts): only they are lent.
+    waiting: Vec<bool>,
     /// Workers whose engine is lent to a caller running a lone request inline ([`Queue::admit`]). A lent worker
     /// stays waiting in `next_batch` (idle, yet given no batch) until the loan ends, so that its engine is free.
     lent: Vec<bool>,
@@ -160,6 +164,7 @@ impl Queue {
                 .then(|| Duration::from_millis(config.release_after_idle_ms)),
             inline_under,
             batch_ns: AtomicU64::new(u64::MAX),
+            row_ns: AtomicU64::new(u64::MAX),
             state: Mutex::new(State {
                 queue: VecDeque::new(),
                 ready: VecDeque::new(),
@@ -168,6 +173,7 @@ impl Queue {
                 stopping: false,
                 live_threads: 0,
                 idle_workers: 0,
+                waiting: vec![false; workers],
                 lent: vec![false; workers],
                 loans: 0,
                 inline_paused_until: None,
@@ -207,7 +213,7 @@ impl Queue {
     /// the batch on its own thread ([`Admitted::inline`]) and then calls [`Queue::inline_done`]. That spares the
     /// worker's wake-up and the caller's, which cost a small model more than its run (benches/README.md, "Running a
     /// lone request inline").
-    pub(crate) fn admit(&self, request: InferRequest) -> Result<Admitted, BatchError> {
+    pub(crate) fn admit(&self, request: InferRequest) -> Result<Admitted<'_>, BatchError> {
         let text = self.model.metadata.text.as_ref();
         match (request.contract, text) {
             (Some(c), Some(text)) if !text.serves(c) => {
@@ -242,12 +248,12 @@ impl Queue {
         if state.stopping {
             return Err(BatchError::Unavailable(model.name.clone()));
         }
+        if state.queue.len() + state.ready_requests + pieces.len() > self.max_queue_size {
+            return Err(BatchError::QueueFull { model: model.name.clone(), max_queue_size: self.max_queue_size });
+        }
         if state.loans > 0 {
             // Requests overlap: they batch better on the worker than one by one inline.
             state.inline_paused_until = Some(now + INLINE_PAUSE);
-        }
-        if state.queue.len() + state.ready_requests + pieces.len() > self.max_queue_size {
-            return Err(BatchError::QueueFull { model: model.name.clone(), max_queue_size: self.max_queue_size });
         }
         // A text model's sequences batch whatever their length: dim 1 is left out of the key.
         let key_from = if model.sequences { 2 } else { 1 };
@@ -348,26 +354,29 @@ impl Queue {
         let mut state = self.lock();
         state.running[worker] = None;
         state.idle_workers += 1;
+        state.waiting[worker] = true;
         loop {
             if state.lent[worker] {
                 // Its engine is lent to a caller running a request inline: it takes nothing, not even a stop or its
-                // idle release, until the loan ends.
-                state = match idle_until.and_then(|until| until.checked_duration_since(Instant::now())) {
-                    Some(left) if !left.is_zero() => {
-                        self.work_ready.wait_timeout(state, left).unwrap_or_else(PoisonError::into_inner).0
-                    }
-                    _ => self.work_ready.wait(state).unwrap_or_else(PoisonError::into_inner),
+                // idle release, until the loan ends; it looks again now and then once its release is due, since
+                // the loan's end wakes nobody when nothing is queued.
+                let left = idle_until.map(|until| until.saturating_duration_since(Instant::now()).max(LENT_RECHECK));
+                state = match left {
+                    Some(left) => self.work_ready.wait_timeout(state, left).unwrap_or_else(PoisonError::into_inner).0,
+                    None => self.work_ready.wait(state).unwrap_or_else(PoisonError::into_inner),
                 };
                 continue;
             }
             if let Some(batch) = state.ready.pop_front() {
                 state.ready_requests -= batch.len();
                 state.idle_workers -= 1;
+                state.waiting[worker] = false;
                 state.running[worker] = Some(Instant::now());
                 return Next::Batch(batch);
             }
             if state.stopping && state.queue.is_empty() {
                 state.idle_workers -= 1;
+                state.waiting[worker] = false;
                 // The scheduler may be asleep with no timer: let it see that there is nothing left.
                 self.control.notify_all();
                 return Next::Stop;
@@ -391,6 +400,7 @@ impl Queue {
                         // Not idle while away: `cut` cuts nothing for this worker until it asks again. Its release
                         // counts as running, so that a release that hangs shows as a stalled worker.
                         state.idle_workers -= 1;
+                        state.waiting[worker] = false;
                         state.running[worker] = Some(Instant::now());
                         return Next::Idle;
                     };

@@ -100,7 +100,7 @@ impl Worker {
         drop(_entered);
         let ended = Instant::now();
         self.last_batch = Some(ended);
-        self.queue.batch_took(ended - started);
+        self.queue.batch_took(ended - started, rows);
     }
 
     /// Runs `batch` and answers its requests. A batch that fails while holding more than one request runs again

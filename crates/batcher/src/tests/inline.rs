@@ -15,6 +15,16 @@ fn threads(f: &Fixture) -> Vec<String> {
     f.observed.threads.lock().expect("observed").clone()
 }
 
+/// Waits until no batch runs: the worker has answered its batch, measured it, and waits for the next one.
+async fn worker_waits(f: &Fixture) {
+    let waits = async {
+        while f.batcher.longest_running().is_some() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), waits).await.expect("the worker went back to waiting");
+}
+
 fn this_thread() -> String {
     std::thread::current().name().unwrap_or_default().to_owned()
 }
@@ -26,6 +36,7 @@ async fn a_lone_request_runs_on_its_callers_thread_once_batches_are_known_to_be_
         let answer = f.batcher.infer(rows(&[value], 1)).await.expect("answered");
         assert_eq!(answer.outputs[0].to_vec::<f32>().expect("fp32"), vec![2.0 * value]);
         assert_eq!(answer.batch_rows, 1);
+        worker_waits(&f).await;
     }
     // The first batch's length is not known before it runs: the worker runs it.
     let here = this_thread();
@@ -40,8 +51,22 @@ async fn a_slow_models_requests_all_go_to_its_worker() {
     // 5 ms, then quick runs: the average stays above a millisecond for the next ones.
     for value in [-4.0, 1.0, 2.0] {
         f.batcher.infer(rows(&[value], 1)).await.expect("answered");
+        worker_waits(&f).await;
     }
     assert_eq!(threads(&f), vec![WORKER.to_owned(); 3]);
+}
+
+#[tokio::test]
+async fn a_request_of_many_rows_goes_to_the_worker() {
+    let f = fixture(BatchingConfig { max_batch_size: 4096, ..quick() }, true);
+    for _ in 0..2 {
+        f.batcher.infer(rows(&[1.0], 1)).await.expect("answered");
+        worker_waits(&f).await;
+    }
+    assert_ne!(threads(&f)[1], WORKER, "a quick one-row request ran inline");
+    // A batch of one row takes microseconds: 4,096 rows at that rate a row are expected to take milliseconds.
+    f.batcher.infer(rows(&[1.0; 4096], 1)).await.expect("answered");
+    assert_eq!(threads(&f).last().map(String::as_str), Some(WORKER), "4,096 rows ran inline");
 }
 
 #[tokio::test]
@@ -57,6 +82,7 @@ async fn zero_runs_nothing_inline() {
 /// is held at the gate with the worker's engine. Returns that request's task.
 async fn hold_inline(f: &Fixture) -> tokio::task::JoinHandle<Result<InferResponse, BatchError>> {
     f.batcher.infer(rows(&[1.0], 1)).await.expect("answered");
+    worker_waits(f).await;
     f.gate.close();
     let mut entered = entered(&f.gate);
     let held = spawn_row(&f.batcher, vec![2.0]);

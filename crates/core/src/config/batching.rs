@@ -28,8 +28,9 @@ pub struct BatchingConfig {
     /// spell; 0 keeps it for the next burst.
     pub release_after_idle_ms: u64,
     /// A lone request that finds a worker idle and nothing queued runs on the thread that took it in, with no
-    /// hand-off to the worker thread and back, while the model's recent batches have taken under this many
-    /// microseconds (a CPU model only); 0 always hands off. At most [`MAX_RUN_INLINE_UNDER_US`].
+    /// hand-off to the worker thread and back, when it is expected to take under this many microseconds (from the
+    /// model's recent batches, scaled to its rows; a CPU model only); 0 always hands off. At most
+    /// [`MAX_RUN_INLINE_UNDER_US`].
     pub run_inline_under_us: u64,
 }
 
