@@ -96,8 +96,6 @@ struct State {
     /// Workers whose engine is lent to a caller running a lone request inline ([`Queue::admit`]). A lent worker
     /// stays waiting in `next_batch` (idle, yet given no batch) until the loan ends, so that its engine is free.
     lent: Vec<bool>,
-    /// How many of `lent` are true.
-    loans: usize,
     /// No request runs inline before this: one came while another ran inline, so requests overlap, and the worker
     /// batches them. Set by `admit`.
     inline_paused_until: Option<Instant>,
@@ -131,6 +129,13 @@ impl Pending {
 
     fn expired(&self, now: Instant) -> bool {
         self.deadline.is_some_and(|d| d <= now)
+    }
+}
+
+impl State {
+    /// Workers lent to callers now.
+    fn loans(&self) -> usize {
+        self.lent.iter().filter(|&&lent| lent).count()
     }
 }
 
@@ -175,7 +180,6 @@ impl Queue {
                 idle_workers: 0,
                 waiting: vec![false; workers],
                 lent: vec![false; workers],
-                loans: 0,
                 inline_paused_until: None,
                 running: vec![None; workers],
             }),
@@ -210,7 +214,7 @@ impl Queue {
     ///
     /// A lone request whose batch would hold it alone, of a CPU model whose batches take under
     /// `run_inline_under_us`, is not handed to the worker: the idle worker's engine is lent to the caller, who runs
-    /// the batch on its own thread ([`Admitted::inline`]) and then calls [`Queue::inline_done`]. That spares the
+    /// the batch on its own thread ([`Admitted::inline`]); the loan ends as that handle drops. That spares the
     /// worker's wake-up and the caller's, which cost a small model more than its run (benches/README.md, "Running a
     /// lone request inline").
     pub(crate) fn admit(&self, request: InferRequest) -> Result<Admitted<'_>, BatchError> {
@@ -251,7 +255,7 @@ impl Queue {
         if state.queue.len() + state.ready_requests + pieces.len() > self.max_queue_size {
             return Err(BatchError::QueueFull { model: model.name.clone(), max_queue_size: self.max_queue_size });
         }
-        if state.loans > 0 {
+        if state.loans() > 0 {
             // Requests overlap: they batch better on the worker than one by one inline.
             state.inline_paused_until = Some(now + INLINE_PAUSE);
         }
@@ -289,16 +293,12 @@ impl Queue {
             .collect();
         // Trigger 1 of `cut`. The scheduler is woken only when it has a timer to set: a queue delay to wait out,
         // or a deadline.
-        let (wait, mut cut) = self.cut(&mut state, now);
-        let inline = match cut == 1 && answers.len() == 1 {
-            true => self.lend(&mut state, now),
-            false => None,
-        };
-        if inline.is_some() {
-            cut = 0;
-        }
+        let (wait, cut) = self.cut(&mut state, now);
+        let inline = if cut == 1 && answers.len() == 1 { self.lend(&mut state, now) } else { None };
+        // A batch lent to the caller wakes nobody.
+        let cut = if inline.is_some() { 0 } else { cut };
         let depth = state.queue.len() + state.ready_requests;
-        let lent = state.loans > 0;
+        let lent = state.loans() > 0;
         // Woken after the lock is let go, a worker takes its batch at once instead of waking only to wait for the
         // lock its waker still holds (benches/README.md, "digits, an empty POST beside it, and waking the worker").
         drop(state);
@@ -314,7 +314,7 @@ impl Queue {
     /// happens, and how many batches it cut: the caller wakes one worker for each.
     fn cut(&self, state: &mut State, now: Instant) -> (Option<Instant>, usize) {
         let mut cut = 0;
-        while state.ready.len() + state.loans < state.idle_workers {
+        while state.ready.len() + state.loans() < state.idle_workers {
             let candidates: Vec<Candidate<&BatchKey>> = state
                 .queue
                 .iter()
@@ -389,7 +389,7 @@ impl Queue {
             }
             // This worker takes one of the batches; the others are for workers asleep. (A notification with no
             // one asleep is still a system call: none is made for the batch this worker takes itself.)
-            self.wake_workers(cut.saturating_sub(1), state.loans > 0);
+            self.wake_workers(cut.saturating_sub(1), state.loans() > 0);
             if !state.ready.is_empty() {
                 continue;
             }
@@ -428,7 +428,7 @@ impl Queue {
             let mut wake_at = state.queue.iter().chain(state.ready.iter().flatten()).filter_map(|p| p.deadline).min();
             // Trigger 3 of `cut`.
             let (wait, cut) = self.cut(&mut state, now);
-            self.wake_workers(cut, state.loans > 0);
+            self.wake_workers(cut, state.loans() > 0);
             if let Some(t) = wait {
                 wake_at = Some(wake_at.map_or(t, |w| w.min(t)));
             }

@@ -130,8 +130,7 @@ impl BatchObserver for Observed {
 
     fn batch_done(&self, run: &BatchRun) {
         self.batches.lock().expect("observed").push((run.rows, run.ok));
-        let thread = std::thread::current().name().unwrap_or_default().to_owned();
-        self.threads.lock().expect("observed").push(thread);
+        self.threads.lock().expect("observed").push(thread_name());
     }
 
     fn tokens_batched(&self, real: usize, padded: usize) {
@@ -139,9 +138,13 @@ impl BatchObserver for Observed {
     }
 
     fn worker_idle(&self) {
-        let thread = std::thread::current().name().unwrap_or_default().to_owned();
-        self.idle.lock().expect("observed").push(thread);
+        self.idle.lock().expect("observed").push(thread_name());
     }
+}
+
+/// The calling thread's name.
+fn thread_name() -> String {
+    std::thread::current().name().unwrap_or_default().to_owned()
 }
 
 impl Observed {

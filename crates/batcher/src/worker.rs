@@ -97,7 +97,6 @@ impl Worker {
             self.observer.request_started(started.saturating_duration_since(p.enqueued_at));
         }
         self.run_isolating(batch, started);
-        drop(_entered);
         let ended = Instant::now();
         self.last_batch = Some(ended);
         self.queue.batch_took(ended - started, rows);

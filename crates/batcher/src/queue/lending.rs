@@ -65,7 +65,6 @@ impl Queue {
         let batch = state.ready.pop_back()?;
         state.ready_requests -= 1;
         state.lent[worker] = true;
-        state.loans += 1;
         state.running[worker] = Some(now);
         Some(Inline { queue: self, worker, batch })
     }
@@ -86,13 +85,12 @@ impl Queue {
     fn inline_done(&self, worker: usize) {
         let mut state = self.lock();
         state.lent[worker] = false;
-        state.loans -= 1;
         state.running[worker] = None;
         let (wait, cut) = self.cut(&mut state, Instant::now());
         // A batch cut before the loan and not yet taken has its worker woken again: the wake-up it had may have
         // gone to the lent worker, which took nothing.
         let wake = cut.max(usize::from(!state.ready.is_empty()));
-        let (lent, stopping) = (state.loans > 0, state.stopping);
+        let (lent, stopping) = (state.loans() > 0, state.stopping);
         drop(state);
         if stopping {
             // The worker may be waiting only for its loan to end, to exit.

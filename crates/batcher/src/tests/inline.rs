@@ -25,10 +25,6 @@ async fn worker_waits(f: &Fixture) {
     tokio::time::timeout(Duration::from_secs(10), waits).await.expect("the worker went back to waiting");
 }
 
-fn this_thread() -> String {
-    std::thread::current().name().unwrap_or_default().to_owned()
-}
-
 #[tokio::test]
 async fn a_lone_request_runs_on_its_callers_thread_once_batches_are_known_to_be_quick() {
     let f = fixture(quick(), true);
@@ -39,7 +35,7 @@ async fn a_lone_request_runs_on_its_callers_thread_once_batches_are_known_to_be_
         worker_waits(&f).await;
     }
     // The first batch's length is not known before it runs: the worker runs it.
-    let here = this_thread();
+    let here = thread_name();
     assert_eq!(threads(&f), vec![WORKER.to_owned(), here.clone(), here]);
     assert_eq!(*f.observed.started.lock().expect("observed"), 3, "each run counted as the worker's are");
     assert_eq!(f.batcher.queue_depth(), 0);
