@@ -12,6 +12,7 @@ mod sparse;
 mod tensors;
 mod text;
 mod token;
+mod vocab;
 
 use std::any::Any;
 use std::sync::Arc;

@@ -4,88 +4,19 @@
 
 use inferd_core::text::{TextInfo, ATTENTION_MASK, INPUT_IDS};
 use inferd_core::{DataType, ModelMetadata, Tensor, TensorSpec};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use tokenizers::{
-    DecoderWrapper, EncodeInput, Encoding, Model, ModelWrapper, NormalizerWrapper, PostProcessorWrapper,
-    PreTokenizedString, PreTokenizerWrapper, Tokenizer, TokenizerImpl, TruncationDirection, TruncationParams,
-    TruncationStrategy,
+    DecoderWrapper, EncodeInput, Encoding, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper, TokenizerImpl,
+    TruncationDirection, TruncationParams, TruncationStrategy,
 };
 
+use super::vocab::SharedModel;
 use super::{refused, Input, Service, TaskError, TextInput, Texts, Token, TEXT_INPUT};
 
 /// A tokenizer whose model (its vocabulary) is shared with its copies: [`TextFront`] keeps five that differ only in
-/// how they truncate, and a BERT vocabulary's maps take about 6 MB a copy (benches/README.md, "MiniLM's idle
-/// memory").
+/// how they truncate (benches/README.md, "MiniLM's idle memory").
 pub type TextTokenizer =
     TokenizerImpl<SharedModel, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper>;
-
-/// A tokenizer's model behind an `Arc`: cloning it clones a pointer. Every call goes to the model as it is.
-#[derive(Clone, Debug)]
-pub struct SharedModel(Arc<ModelWrapper>);
-
-impl std::ops::Deref for SharedModel {
-    type Target = ModelWrapper;
-
-    fn deref(&self) -> &ModelWrapper {
-        &self.0
-    }
-}
-
-impl Model for SharedModel {
-    type Trainer = <ModelWrapper as Model>::Trainer;
-
-    fn tokenize(&self, sequence: &str) -> tokenizers::Result<Vec<tokenizers::Token>> {
-        self.0.tokenize(sequence)
-    }
-
-    fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.0.token_to_id(token)
-    }
-
-    fn id_to_token(&self, id: u32) -> Option<String> {
-        self.0.id_to_token(id)
-    }
-
-    fn get_vocab(&self) -> std::collections::HashMap<String, u32> {
-        self.0.get_vocab()
-    }
-
-    fn get_vocab_size(&self) -> usize {
-        self.0.get_vocab_size()
-    }
-
-    fn save(&self, folder: &Path, prefix: Option<&str>) -> tokenizers::Result<Vec<PathBuf>> {
-        self.0.save(folder, prefix)
-    }
-
-    fn get_trainer(&self) -> Self::Trainer {
-        self.0.get_trainer()
-    }
-
-    fn tokenize_in_pretokenized(
-        &self,
-        pretokenized: &mut PreTokenizedString,
-        truncation: Option<(usize, TruncationDirection)>,
-    ) -> tokenizers::Result<()> {
-        self.0.tokenize_in_pretokenized(pretokenized, truncation)
-    }
-}
-
-/// `tokenizer`'s parts around a model that its clones share.
-fn sharing_its_model(tokenizer: Tokenizer) -> tokenizers::Result<TextTokenizer> {
-    let loaded = tokenizer.into_inner();
-    let mut shared = TextTokenizer::new(SharedModel(Arc::new(loaded.get_model().clone())));
-    shared.with_normalizer(loaded.get_normalizer().cloned())?;
-    shared.with_pre_tokenizer(loaded.get_pre_tokenizer().cloned());
-    shared.with_post_processor(loaded.get_post_processor().cloned());
-    shared.with_decoder(loaded.get_decoder().cloned());
-    shared.with_added_vocabulary(loaded.get_added_vocabulary().clone());
-    shared.with_truncation(loaded.get_truncation().cloned())?;
-    shared.with_padding(loaded.get_padding().cloned());
-    Ok(shared)
-}
 
 /// A text model's tokenizer and limits.
 pub struct TextFront {
@@ -114,8 +45,7 @@ impl TextFront {
         let info = engine.text.clone().ok_or_else(|| anyhow::anyhow!("the engine is not a text model's"))?;
         let path = &info.tokenizer;
         let failed = |e: tokenizers::Error| anyhow::anyhow!("tokenizer {}: {e}", path.display());
-        let mut tokenizer = Tokenizer::from_file(path)
-            .and_then(sharing_its_model)
+        let mut tokenizer = TextTokenizer::from_file(path)
             .map_err(|e| anyhow::anyhow!("cannot read the tokenizer {}: {e}", path.display()))?;
         // A hub tokenizer.json may pad to a fixed length and truncate at its own: both are inferd's to decide.
         tokenizer.with_padding(None);
@@ -286,7 +216,7 @@ impl TextFront {
     /// How many tokenizers hold the one model.
     #[cfg(test)]
     pub(super) fn model_holders(&self) -> usize {
-        Arc::strong_count(&self.tokenizer.get_model().0)
+        std::sync::Arc::strong_count(&self.tokenizer.get_model().0)
     }
 
     /// The model's text settings, as its engine reports them.

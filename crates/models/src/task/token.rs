@@ -13,7 +13,7 @@ use std::sync::Arc;
 use inferd_batcher::InferRequest;
 use inferd_core::text::Contract;
 use inferd_core::{DataType, ModelConfig, ModelMetadata, Tensor, TensorSpec};
-use tokenizers::{Decoder, Encoding, ModelWrapper};
+use tokenizers::{Decoder, Encoding};
 
 use super::text::{single_texts, text_face, TextFront};
 use super::{Answer, Prepared, Registration, Request, Service, Task, TaskError, Texts};
@@ -138,12 +138,7 @@ impl TokenTask {
     pub fn load(engine: &ModelMetadata) -> anyhow::Result<TokenTask> {
         let front = TextFront::load(engine)?;
         let tokenizer = front.tokenizer();
-        let (prefix, unk) = match &**tokenizer.get_model() {
-            ModelWrapper::WordPiece(m) => (Some(m.continuing_subword_prefix.clone()), Some(m.unk_token.clone())),
-            ModelWrapper::BPE(m) => (m.continuing_subword_prefix.clone(), m.unk_token.clone()),
-            ModelWrapper::WordLevel(m) => (None, Some(m.unk_token.clone())),
-            ModelWrapper::Unigram(_) => (None, None),
-        };
+        let (prefix, unk) = tokenizer.get_model().subword_prefix_and_unk();
         let decoder = tokenizer.get_decoder().cloned();
         let decode = move |tokens: Vec<String>| match &decoder {
             Some(d) => d.decode(tokens.clone()).unwrap_or_else(|_| tokens.join(" ")),
