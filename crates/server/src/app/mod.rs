@@ -102,12 +102,36 @@ fn vertex_aliases(state: &AppState, api: &utoipa::openapi::OpenApi, guard: Guard
     routes
 }
 
+/// Where the OpenAPI document is served, and where Swagger UI reads it.
+const OPENAPI_PATH: &str = "/openapi.json";
+
+/// A handler answering with `api` as JSON, written once: the document's tree (over 2 MB of small maps and strings
+/// for this API) is dropped once the app is built, where serving it as a `Json` kept it for the life of the process.
+fn document(api: &utoipa::openapi::OpenApi) -> impl Fn() -> std::future::Ready<axum::response::Response> + Clone {
+    let json = serde_json::to_vec(api).map(axum::body::Bytes::from).map_err(|e| e.to_string());
+    if let Err(e) = &json {
+        tracing::error!("the OpenAPI document cannot be written as JSON: {e}");
+    }
+    move || {
+        std::future::ready(match &json {
+            Ok(json) => {
+                let content_type = (axum::http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                ([content_type], json.clone()).into_response()
+            }
+            Err(e) => {
+                AppError::internal(format!("the OpenAPI document cannot be written as JSON: {e}")).into_response()
+            }
+        })
+    }
+}
+
 /// The whole app over `state`.
 pub fn app(state: AppState) -> Router {
     let max_body = state.max_body_bytes();
     let (routes, api) = api(&state);
     let routes = routes
-        .merge(utoipa_swagger_ui::SwaggerUi::new("/docs").url("/openapi.json", api))
+        .merge(utoipa_swagger_ui::SwaggerUi::new("/docs").config(utoipa_swagger_ui::Config::new([OPENAPI_PATH])))
+        .route(OPENAPI_PATH, axum::routing::get(document(&api)))
         .fallback(|| async { AppError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             AppError::new(ErrorKind::MethodNotAllowed, "method not allowed on this route")
