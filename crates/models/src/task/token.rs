@@ -4,9 +4,9 @@
 //! (`none`), runs of tokens of one label grouped (`simple`), or tokens first merged into words whose label comes
 //! from their first token, their average or their most certain token (`first`, `average`, `max`), then grouped.
 //! Labels in `ignore_labels` (default `O`) are left out. Entities are made where a request asks for them with an
-//! [`Aggregation`] (its answer's payload, `Vec<Vec<Entity>>`). On the tensor protocols it takes `text` (`BYTES`) and gives
-//! each token's probabilities, `token_scores` (`FP32 [texts, tokens, labels]`, zero past a text's own tokens), and
-//! `token_count` (`INT64 [texts]`).
+//! [`Aggregation`] (its answer's payload, `Vec<Vec<Entity>>`). On the tensor protocols it takes `text` (`BYTES`) and
+//! gives each token's probabilities, `token_scores` (`FP32 [texts, tokens, labels]`, zero past a text's own tokens),
+//! and `token_count` (`INT64 [texts]`).
 
 use std::sync::Arc;
 

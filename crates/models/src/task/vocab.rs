@@ -173,7 +173,7 @@ impl WordPieceVocab {
 
     /// The unknown token standing for the whole of a word of `len` bytes.
     fn unknown(&self, len: usize) -> tokenizers::Result<Vec<tokenizers::Token>> {
-        let id = self.id(&self.unk_token).ok_or("WordPiece error: Missing [UNK] token from the vocabulary")?;
+        let id = self.id(&self.unk_token).ok_or(tokenizers::models::wordpiece::Error::MissingUnkToken)?;
         Ok(vec![tokenizers::Token { value: self.unk_token.clone(), id, offsets: (0, len) }])
     }
 }
@@ -287,7 +287,8 @@ mod tests {
     /// tokens (which split into several pieces, or have a part no piece covers), words in other scripts, and words
     /// past the longest a word may be.
     fn words(vocab: &WordPiece) -> Vec<String> {
-        let tokens: Vec<String> = vocab.get_vocab().into_keys().collect();
+        // In id order, so that the random joins are the same on every run.
+        let tokens: Vec<String> = (0..vocab.get_vocab_size() as u32).filter_map(|id| vocab.id_to_token(id)).collect();
         let mut words: Vec<String> = tokens.iter().map(|t| t.trim_start_matches("##").to_owned()).collect();
         words.extend(tokens.iter().cloned());
         let mut rng = fastrand::Rng::with_seed(47);
@@ -298,6 +299,11 @@ mod tests {
         words.extend(["", "ü", "naïve", "東京タワー", "🦀rust🦀", "a\u{301}"].map(str::to_owned));
         words.extend(["x".repeat(100), "x".repeat(101), "é".repeat(100), "é".repeat(101), "unbelievable".repeat(9)]);
         words
+    }
+
+    /// What a tokenizer's caller reads of each token.
+    fn seen(tokens: &[tokenizers::Token]) -> Vec<(String, u32, (usize, usize))> {
+        tokens.iter().map(|t| (t.value.clone(), t.id, t.offsets)).collect()
     }
 
     #[test]
@@ -312,9 +318,6 @@ mod tests {
         for word in &words {
             let expected = library.tokenize(word).expect("the library tokenizes");
             let got = compact.tokenize(word).expect("the compact model tokenizes");
-            let seen = |tokens: &[tokenizers::Token]| -> Vec<(String, u32, (usize, usize))> {
-                tokens.iter().map(|t| (t.value.clone(), t.id, t.offsets)).collect()
-            };
             assert_eq!(seen(&got), seen(&expected), "{word:?}");
             pieces += got.len();
         }
@@ -352,5 +355,45 @@ mod tests {
         assert!(WordPieceVocab::new(library).is_none());
         assert_eq!(shared.tokenize("ab").expect("tokenized").len(), 2);
         assert_eq!(shared.subword_prefix_and_unk(), (Some("##".to_owned()), Some("[UNK]".to_owned())));
+    }
+
+    /// A small vocabulary of `tokens` (ids in order), with `prefix`, `max` characters a word, and no unknown token
+    /// unless listed: read the way `tokenizer.json` is, as the shared model and as the library's.
+    fn small(tokens: &[&str], prefix: &str, max: usize) -> (SharedModel, WordPiece) {
+        let vocab: serde_json::Map<String, serde_json::Value> =
+            tokens.iter().enumerate().map(|(id, t)| ((*t).to_owned(), id.into())).collect();
+        let json = serde_json::json!({
+            "type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": prefix,
+            "max_input_chars_per_word": max, "vocab": vocab,
+        });
+        let shared: SharedModel = serde_json::from_value(json.clone()).expect("the shared model");
+        let ModelWrapper::WordPiece(library) = serde_json::from_value(json).expect("the library's") else {
+            panic!("a WordPiece model")
+        };
+        (shared, library)
+    }
+
+    #[test]
+    fn a_dense_vocabulary_is_held_compact_with_its_own_prefix_limit_and_unknown_token() {
+        let (shared, library) = small(&["[UNK]", "un", "ü", "→able", "→ü", "a", "→a"], "→", 6);
+        assert!(matches!(&*shared.0, Held::WordPiece(_)), "{shared:?}");
+        for word in ["unable", "unü", "üü", "aaaaaa", "aaaaaaa", "unx", "", "ü→a"] {
+            let got = shared.tokenize(word).expect("tokenized");
+            let expected = library.tokenize(word).expect("tokenized");
+            assert_eq!(seen(&got), seen(&expected), "{word:?}");
+        }
+        assert_eq!(shared.tokenize("unable").expect("tokenized").len(), 2);
+        assert_eq!(shared.subword_prefix_and_unk(), (Some("→".to_owned()), Some("[UNK]".to_owned())));
+        // Without the unknown token, a word it would stand for is the library's error, and other words are fine.
+        let (shared, library) = small(&["un", "→able"], "→", 6);
+        assert!(matches!(&*shared.0, Held::WordPiece(_)), "{shared:?}");
+        for word in ["unx", "unable"] {
+            let got = shared.tokenize(word).map_err(|e| e.to_string());
+            let expected = library.tokenize(word).map_err(|e| e.to_string());
+            assert_eq!(got.as_ref().map(Vec::len), expected.as_ref().map(Vec::len), "{word:?}");
+        }
+        let missing = shared.tokenize("unx").expect_err("no unknown token");
+        assert!(missing.downcast_ref::<tokenizers::models::wordpiece::Error>().is_some(), "{missing}");
+        assert_eq!(shared.tokenize("unable").expect("covered").len(), 2);
     }
 }

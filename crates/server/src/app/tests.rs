@@ -90,3 +90,26 @@ async fn a_request_id_is_echoed_only_when_it_is_a_plain_short_id() {
         assert!(uuid::Uuid::parse_str(&replaced).is_ok(), "{replaced}");
     }
 }
+
+#[tokio::test]
+async fn the_openapi_document_is_served_as_written_once_and_swagger_ui_reads_it() {
+    let state = state(false);
+    let expected = serde_json::to_vec(&api(&state).1).expect("the document as JSON");
+    let send = |method: &str, path: &str| {
+        let request = Request::builder().method(method).uri(path).body(Body::empty()).expect("request");
+        app(state.clone()).oneshot(request)
+    };
+    let r = send("GET", OPENAPI_PATH).await.expect("infallible");
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["content-type"], "application/json");
+    let body = axum::body::to_bytes(r.into_body(), 1 << 22).await.expect("body");
+    assert_eq!(body, expected);
+    assert!(serde_json::from_slice::<serde_json::Value>(&body).expect("JSON")["paths"]["/v2"].is_object());
+    let r = send("HEAD", OPENAPI_PATH).await.expect("infallible");
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(axum::body::to_bytes(r.into_body(), 1 << 22).await.expect("body").is_empty());
+    let r = send("GET", "/docs/swagger-initializer.js").await.expect("infallible");
+    assert_eq!(r.status(), StatusCode::OK);
+    let script = axum::body::to_bytes(r.into_body(), 1 << 22).await.expect("body");
+    assert!(String::from_utf8_lossy(&script).contains("\"url\": \"/openapi.json\""), "{script:?}");
+}
