@@ -32,6 +32,11 @@ fn task(dir: &Path, max_seq_len: usize) -> EmbedTask {
 
 /// An embed task of `dimensions`-long vectors whose engine gives per-token states when `hidden_states`.
 fn task_with(dir: &Path, max_seq_len: usize, dimensions: usize, hidden_states: bool) -> EmbedTask {
+    EmbedTask::load(&engine(dir, max_seq_len, dimensions, hidden_states)).expect("loads")
+}
+
+/// The engine metadata of [`task_with`]'s task.
+fn engine(dir: &Path, max_seq_len: usize, dimensions: usize, hidden_states: bool) -> ModelMetadata {
     let spec =
         |name: &str| TensorSpec { name: name.into(), datatype: DataType::Int64, shape: vec![-1, -1], optional: false };
     let engine = ModelMetadata {
@@ -63,7 +68,20 @@ fn task_with(dir: &Path, max_seq_len: usize, dimensions: usize, hidden_states: b
             },
         }),
     };
-    EmbedTask::load(&engine).expect("loads")
+    engine
+}
+
+#[test]
+fn a_length_with_no_room_beside_the_special_tokens_is_refused_at_load() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // BertProcessing puts three special tokens around a pair: `[CLS] a [SEP] b [SEP]`.
+    for max_seq_len in [1, 2, 3] {
+        let refused = EmbedTask::load(&engine(dir.path(), max_seq_len, 2, false)).expect_err("no room");
+        assert!(refused.to_string().contains("leaves no room for text beside the 3 special tokens"), "{refused}");
+    }
+    let shortest = task(dir.path(), 4);
+    let sequences = shortest.prepare(texts(&["dynamic batching is fast"]), 8).expect("cut").into_sequences();
+    assert_eq!(ids(&sequences.expect("sequences")[0]), [2, 4, 5, 3]);
 }
 
 fn texts(texts: &[&str]) -> Request {

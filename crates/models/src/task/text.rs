@@ -6,8 +6,8 @@ use inferd_core::text::{TextInfo, ATTENTION_MASK, INPUT_IDS};
 use inferd_core::{DataType, ModelMetadata, Tensor, TensorSpec};
 
 use tokenizers::{
-    DecoderWrapper, EncodeInput, Encoding, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper, TokenizerImpl,
-    TruncationDirection, TruncationParams, TruncationStrategy,
+    DecoderWrapper, EncodeInput, Encoding, NormalizerWrapper, PostProcessor, PostProcessorWrapper, PreTokenizerWrapper,
+    TokenizerImpl, TruncationDirection, TruncationParams, TruncationStrategy,
 };
 
 use super::vocab::SharedModel;
@@ -50,6 +50,16 @@ impl TextFront {
         // A hub tokenizer.json may pad to a fixed length and truncate at its own: both are inferd's to decide.
         tokenizer.with_padding(None);
         tokenizer.with_truncation(None).map_err(failed)?;
+        // The library takes the special tokens from the length it truncates at without checking for room: a length
+        // that leaves a pair's text none is refused here, where the library's subtraction would underflow.
+        let special = tokenizer.get_post_processor().map_or(0, |p| p.added_tokens(true));
+        if info.max_seq_len <= special {
+            anyhow::bail!(
+                "max_seq_len {} leaves no room for text beside the {special} special tokens of {}",
+                info.max_seq_len,
+                path.display()
+            );
+        }
         let truncating_at = |strategy, direction| {
             let mut t = tokenizer.clone();
             t.with_truncation(Some(TruncationParams {
