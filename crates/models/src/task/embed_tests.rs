@@ -39,7 +39,7 @@ fn task_with(dir: &Path, max_seq_len: usize, dimensions: usize, hidden_states: b
 fn engine(dir: &Path, max_seq_len: usize, dimensions: usize, hidden_states: bool) -> ModelMetadata {
     let spec =
         |name: &str| TensorSpec { name: name.into(), datatype: DataType::Int64, shape: vec![-1, -1], optional: false };
-    let engine = ModelMetadata {
+    ModelMetadata {
         inputs: vec![spec(INPUT_IDS), spec(ATTENTION_MASK), spec(TOKEN_TYPE_IDS)],
         outputs: vec![TensorSpec {
             name: "pooled".into(),
@@ -67,8 +67,7 @@ fn engine(dir: &Path, max_seq_len: usize, dimensions: usize, hidden_states: bool
                 false => vec![Contract::Pooled],
             },
         }),
-    };
-    engine
+    }
 }
 
 #[test]
