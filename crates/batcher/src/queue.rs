@@ -89,9 +89,8 @@ struct State {
     stopping: bool,
     /// Threads started and not yet returned: counted by `spawn`, waited for by `stop`.
     live_threads: usize,
-    /// Workers waiting in `next_batch`: `cut` cuts no more batches than this, less those lent to callers.
-    idle_workers: usize,
-    /// Which workers are waiting in `next_batch` (those `idle_workers` counts): only they are lent.
+    /// Which workers are waiting in `next_batch`: `cut` cuts no more batches than they number, less those lent to
+    /// callers, and only they are lent.
     waiting: Vec<bool>,
     /// Workers whose engine is lent to a caller running a lone request inline ([`Queue::admit`]). A lent worker
     /// stays waiting in `next_batch` (idle, yet given no batch) until the loan ends, so that its engine is free.
@@ -137,6 +136,11 @@ impl State {
     fn loans(&self) -> usize {
         self.lent.iter().filter(|&&lent| lent).count()
     }
+
+    /// Workers waiting in `next_batch` now.
+    fn idle_workers(&self) -> usize {
+        self.waiting.iter().filter(|&&waiting| waiting).count()
+    }
 }
 
 /// What a worker is to do next.
@@ -177,7 +181,6 @@ impl Queue {
                 flush: false,
                 stopping: false,
                 live_threads: 0,
-                idle_workers: 0,
                 waiting: vec![false; workers],
                 lent: vec![false; workers],
                 inline_paused_until: None,
@@ -314,7 +317,7 @@ impl Queue {
     /// happens, and how many batches it cut: the caller wakes one worker for each.
     fn cut(&self, state: &mut State, now: Instant) -> (Option<Instant>, usize) {
         let mut cut = 0;
-        while state.ready.len() + state.loans() < state.idle_workers {
+        while state.ready.len() + state.loans() < state.idle_workers() {
             let candidates: Vec<Candidate<&BatchKey>> = state
                 .queue
                 .iter()
@@ -353,7 +356,6 @@ impl Queue {
     pub(crate) fn next_batch(&self, worker: usize, idle_until: Option<Instant>) -> Next {
         let mut state = self.lock();
         state.running[worker] = None;
-        state.idle_workers += 1;
         state.waiting[worker] = true;
         loop {
             if state.lent[worker] {
@@ -369,13 +371,11 @@ impl Queue {
             }
             if let Some(batch) = state.ready.pop_front() {
                 state.ready_requests -= batch.len();
-                state.idle_workers -= 1;
                 state.waiting[worker] = false;
                 state.running[worker] = Some(Instant::now());
                 return Next::Batch(batch);
             }
             if state.stopping && state.queue.is_empty() {
-                state.idle_workers -= 1;
                 state.waiting[worker] = false;
                 // The scheduler may be asleep with no timer: let it see that there is nothing left.
                 self.control.notify_all();
@@ -399,7 +399,6 @@ impl Queue {
                     let Some(left) = until.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) else {
                         // Not idle while away: `cut` cuts nothing for this worker until it asks again. Its release
                         // counts as running, so that a release that hangs shows as a stalled worker.
-                        state.idle_workers -= 1;
                         state.waiting[worker] = false;
                         state.running[worker] = Some(Instant::now());
                         return Next::Idle;
