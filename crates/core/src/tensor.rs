@@ -1,5 +1,7 @@
 //! A typed, row-major tensor backed by little-endian bytes, with whole-row concat and split along dim 0.
 
+use bytes::Bytes;
+
 use crate::dtype::{DataType, Element};
 use crate::error::{Error, Result};
 
@@ -16,8 +18,10 @@ pub struct Tensor {
 /// The storage of a [`Tensor`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum TensorData {
-    /// Little-endian elements of a fixed-size data type.
-    Fixed(Vec<u8>),
+    /// Little-endian elements of a fixed-size data type: shared, so that a batch's output is split into its
+    /// requests' rows, and memory another owner holds (an engine's output, a client's shared memory) is taken,
+    /// without a copy.
+    Fixed(Bytes),
     /// One byte string per element (`BYTES`).
     Bytes(Vec<Vec<u8>>),
 }
@@ -31,8 +35,10 @@ pub fn element_count(shape: &[usize]) -> Result<usize> {
 }
 
 impl Tensor {
-    /// A tensor of a fixed-size type from its little-endian bytes; the length must match the shape.
-    pub fn new(dtype: DataType, shape: Vec<usize>, data: Vec<u8>) -> Result<Self> {
+    /// A tensor of a fixed-size type from its little-endian bytes (a `Vec<u8>`, or [`Bytes`] that another owner
+    /// holds); the length must match the shape.
+    pub fn new(dtype: DataType, shape: Vec<usize>, data: impl Into<Bytes>) -> Result<Self> {
+        let data = data.into();
         let Some(size) = dtype.size() else {
             return Err(Error::InvalidInput("BYTES tensors are built with Tensor::from_byte_strings".into()));
         };
@@ -117,26 +123,27 @@ impl Tensor {
     /// The first element that is NaN or infinite, by flat index, with its value; `None` for a tensor of finite
     /// numbers or of a type that cannot hold anything else.
     pub fn first_non_finite(&self) -> Option<(usize, f64)> {
-        use half::{bf16, f16};
-        let bytes = self.raw_bytes()?;
-        // A float is NaN or infinite where its exponent bits are all set: tested on the bits, a block at a time
-        // without stopping (the compiler makes that a vector loop), and element by element in the one block that
-        // has such a value. Inputs and outputs of many MiB are scanned on every request.
-        let found = match self.dtype {
-            DataType::Fp16 => first_with(bytes, |w: u16| w & 0x7c00 == 0x7c00),
-            DataType::Bf16 => first_with(bytes, |w: u16| w & 0x7f80 == 0x7f80),
-            DataType::Fp32 => first_with(bytes, |w: u32| w & 0x7f80_0000 == 0x7f80_0000),
-            DataType::Fp64 => first_with(bytes, |w: u64| w & 0x7ff0_0000_0000_0000 == 0x7ff0_0000_0000_0000),
-            _ => None,
-        }?;
-        let b = &bytes[found * self.dtype.size()?..];
-        let value = match self.dtype {
-            DataType::Fp16 => f16::get(&b[..2]).to_f64(),
-            DataType::Bf16 => bf16::get(&b[..2]).to_f64(),
-            DataType::Fp32 => f64::from(f32::get(&b[..4])),
-            _ => f64::get(&b[..8]),
-        };
-        Some((found, value))
+        first_non_finite_in(self.dtype, self.raw_bytes()?)
+    }
+
+    /// Hands a fixed-size tensor's bytes to `write` a block at a time, as `(offset, block)`, each block once it is
+    /// scanned as [`Tensor::first_non_finite`] scans: the scan and a copy in one pass over memory, where the two apart
+    /// would read the tensor twice. Stops before the block that holds the first NaN or infinity, and returns that
+    /// element; an error of `write` stops it too. Hands nothing on for `BYTES`.
+    pub fn write_finite<E>(
+        &self,
+        mut write: impl FnMut(usize, &[u8]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<Option<(usize, f64)>, E> {
+        let (Some(bytes), Some(size)) = (self.raw_bytes(), self.dtype.size()) else { return Ok(None) };
+        // Small enough that the block is still in the core's cache when it is copied.
+        let block = WRITE_BLOCK_ELEMENTS * size;
+        for (i, chunk) in bytes.chunks(block).enumerate() {
+            if let Some((index, value)) = first_non_finite_in(self.dtype, chunk) {
+                return Ok(Some((i * WRITE_BLOCK_ELEMENTS + index, value)));
+            }
+            write(i * block, chunk)?;
+        }
+        Ok(None)
     }
 
     /// Rows along dim 0 (the batch dimension); 1 for a scalar.
@@ -169,14 +176,17 @@ impl Tensor {
         }
     }
 
-    /// Joins tensors along dim 0, copying whole rows. Every part must have the same data type and the same
-    /// non-batch dimensions.
+    /// Joins tensors along dim 0, copying whole rows (a lone fixed-size part is shared, not copied). Every part
+    /// must have the same data type and the same non-batch dimensions.
     pub fn concat_rows(parts: &[&Tensor]) -> Result<Tensor> {
         let Some(first) = parts.first() else {
             return Err(Error::InvalidInput("nothing to concatenate".into()));
         };
         if first.shape.is_empty() {
             return Err(Error::InvalidInput("scalars have no rows to concatenate".into()));
+        }
+        if let ([only], TensorData::Fixed(_)) = (parts, &first.data) {
+            return Ok((*only).clone());
         }
         let mut rows = 0usize;
         for part in parts {
@@ -197,7 +207,7 @@ impl Tensor {
                 for part in parts.iter().filter_map(|p| p.raw_bytes()) {
                     out.extend_from_slice(part);
                 }
-                TensorData::Fixed(out)
+                TensorData::Fixed(out.into())
             }
             TensorData::Bytes(_) => {
                 let mut out = Vec::with_capacity(parts.iter().map(|p| p.element_count()).sum());
@@ -250,8 +260,8 @@ impl Tensor {
         Tensor::new(first.dtype, shape, out)
     }
 
-    /// Splits along dim 0 into consecutive pieces of `counts` rows each, copying whole rows. The counts must add
-    /// up to the number of rows.
+    /// Splits along dim 0 into consecutive pieces of `counts` rows each: a fixed-size tensor's pieces share its
+    /// bytes, a `BYTES` tensor's are copies. The counts must add up to the number of rows.
     pub fn split_rows(&self, counts: &[usize]) -> Result<Vec<Tensor>> {
         if self.shape.is_empty() {
             return Err(Error::InvalidInput("a scalar has no rows to split".into()));
@@ -272,9 +282,9 @@ impl Tensor {
             let (from, to) = (start * row_elements, (start + rows) * row_elements);
             let data = match &self.data {
                 TensorData::Fixed(bytes) => {
-                    // Fixed-size data always has a size; `new` refused anything else.
+                    // Fixed-size data always has a size; `new` refused anything else. Rows of the same bytes.
                     let size = self.dtype.size().unwrap_or(1);
-                    TensorData::Fixed(bytes[from * size..to * size].to_vec())
+                    TensorData::Fixed(bytes.slice(from * size..to * size))
                 }
                 TensorData::Bytes(elements) => TensorData::Bytes(elements[from..to].to_vec()),
             };
@@ -283,6 +293,32 @@ impl Tensor {
         }
         Ok(pieces)
     }
+}
+
+/// Elements of a block that [`Tensor::write_finite`] scans and then hands on.
+const WRITE_BLOCK_ELEMENTS: usize = 8192;
+
+/// The first element of `bytes`, elements of `dtype`, that is NaN or infinite: its index and value.
+fn first_non_finite_in(dtype: DataType, bytes: &[u8]) -> Option<(usize, f64)> {
+    use half::{bf16, f16};
+    // A float is NaN or infinite where its exponent bits are all set: tested on the bits, a block at a time
+    // without stopping (the compiler makes that a vector loop), and element by element in the one block that
+    // has such a value. Inputs and outputs of many MiB are scanned on every request.
+    let found = match dtype {
+        DataType::Fp16 => first_with(bytes, |w: u16| w & 0x7c00 == 0x7c00),
+        DataType::Bf16 => first_with(bytes, |w: u16| w & 0x7f80 == 0x7f80),
+        DataType::Fp32 => first_with(bytes, |w: u32| w & 0x7f80_0000 == 0x7f80_0000),
+        DataType::Fp64 => first_with(bytes, |w: u64| w & 0x7ff0_0000_0000_0000 == 0x7ff0_0000_0000_0000),
+        _ => None,
+    }?;
+    let b = &bytes[found * dtype.size()?..];
+    let value = match dtype {
+        DataType::Fp16 => f16::get(&b[..2]).to_f64(),
+        DataType::Bf16 => bf16::get(&b[..2]).to_f64(),
+        DataType::Fp32 => f64::from(f32::get(&b[..4])),
+        _ => f64::get(&b[..8]),
+    };
+    Some((found, value))
 }
 
 /// The index of the first `N`-byte element of `bytes` for which `bad` holds.
@@ -312,128 +348,5 @@ fn first_in_blocks<B: Copy, W, I: Iterator<Item = W>>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_first_non_finite_element_is_found_in_every_float_type() {
-        use half::{bf16, f16};
-        let t = Tensor::from_slice(vec![2, 2], &[1.0f32, 2.0, f32::NAN, f32::INFINITY]).expect("valid");
-        assert!(matches!(t.first_non_finite(), Some((2, v)) if v.is_nan()));
-        let t = Tensor::from_slice(vec![3], &[0.0f64, f64::NEG_INFINITY, 1.0]).expect("valid");
-        assert_eq!(t.first_non_finite(), Some((1, f64::NEG_INFINITY)));
-        let t = Tensor::from_slice(vec![2], &[f16::from_f32(1.0), f16::INFINITY]).expect("valid");
-        assert_eq!(t.first_non_finite(), Some((1, f64::INFINITY)));
-        let t = Tensor::from_slice(vec![1], &[bf16::NAN]).expect("valid");
-        assert!(matches!(t.first_non_finite(), Some((0, v)) if v.is_nan()));
-        assert_eq!(Tensor::from_slice(vec![2], &[1.0f32, -3.5]).expect("valid").first_non_finite(), None);
-        assert_eq!(Tensor::from_slice(vec![2], &[1i64, 2]).expect("valid").first_non_finite(), None);
-        // Past the first blocks, at its exact index; the largest finite numbers, subnormals and -0 pass.
-        let mut values = [f32::MAX, -f32::MAX, f32::MIN_POSITIVE / 2.0, -0.0].repeat(1000);
-        assert_eq!(Tensor::from_slice(vec![4000], &values).expect("valid").first_non_finite(), None);
-        values[2777] = f32::NEG_INFINITY;
-        values[3001] = f32::NAN;
-        assert_eq!(
-            Tensor::from_slice(vec![4000], &values).expect("valid").first_non_finite(),
-            Some((2777, f64::NEG_INFINITY))
-        );
-        let wide = vec![f64::MAX; 1500].into_iter().chain([f64::NAN]).collect::<Vec<_>>();
-        assert!(
-            matches!(Tensor::from_slice(vec![1501], &wide).expect("valid").first_non_finite(), Some((1500, v)) if v.is_nan())
-        );
-        // Bytes that cannot be seen as words in place are read element by element, to the same answer.
-        let mut shifted = vec![0u8];
-        shifted.extend_from_slice(crate::dtype::le_bytes(&values).as_ref());
-        let bad = |w: u32| w & 0x7f80_0000 == 0x7f80_0000;
-        assert!(u32::view(&shifted[1..]).is_none());
-        assert_eq!(first_with(&shifted[1..], bad), Some(2777));
-        assert_eq!(first_with(&shifted[1..2777 * 4 + 1], bad), None);
-    }
-
-    #[test]
-    fn elements_are_borrowed_in_place_only_as_their_own_type() {
-        let t = Tensor::from_slice(vec![3], &[1.5f32, -2.0, 0.25]).expect("valid");
-        assert_eq!(t.as_slice::<f32>(), Some(&[1.5f32, -2.0, 0.25][..]));
-        assert_eq!(t.as_slice::<u32>(), None);
-        let flags = Tensor::from_slice(vec![2], &[true, false]).expect("valid");
-        assert_eq!(flags.raw_bytes(), Some(&[1u8, 0][..]));
-        assert_eq!(flags.as_slice::<bool>(), None);
-        assert_eq!(flags.to_vec::<bool>().expect("bool"), vec![true, false]);
-    }
-
-    fn iota(rows: usize, cols: usize, offset: f32) -> Tensor {
-        let values: Vec<f32> = (0..rows * cols).map(|i| i as f32 + offset).collect();
-        Tensor::from_slice(vec![rows, cols], &values).expect("valid tensor")
-    }
-
-    #[test]
-    fn new_checks_the_byte_length_against_the_shape() {
-        assert!(Tensor::new(DataType::Fp32, vec![2, 3], vec![0; 24]).is_ok());
-        let err = Tensor::new(DataType::Fp32, vec![2, 3], vec![0; 23]).expect_err("one byte short");
-        assert!(err.to_string().contains("needs 24 bytes, got 23"), "{err}");
-        let err = Tensor::new(DataType::Fp32, vec![usize::MAX, 2], vec![]).expect_err("overflows");
-        assert!(err.to_string().contains("more elements"), "{err}");
-    }
-
-    #[test]
-    fn concat_then_split_restores_the_parts() {
-        let a = iota(1, 3, 0.0);
-        let b = iota(2, 3, 100.0);
-        let c = iota(3, 3, 200.0);
-        let joined = Tensor::concat_rows(&[&a, &b, &c]).expect("same trailing dims");
-        assert_eq!(joined.shape(), &[6, 3]);
-        let values = joined.to_vec::<f32>().expect("fp32");
-        assert_eq!(&values[..6], &[0.0, 1.0, 2.0, 100.0, 101.0, 102.0]);
-        assert_eq!(values[17], 208.0);
-        let parts = joined.split_rows(&[1, 2, 3]).expect("counts add up");
-        assert_eq!(parts, vec![a, b, c]);
-    }
-
-    #[test]
-    fn concat_refuses_mismatched_parts() {
-        let a = iota(1, 3, 0.0);
-        let b = iota(1, 4, 0.0);
-        assert!(Tensor::concat_rows(&[&a, &b]).is_err());
-        let c = Tensor::from_slice(vec![1, 3], &[1i32, 2, 3]).expect("valid");
-        assert!(Tensor::concat_rows(&[&a, &c]).is_err());
-        assert!(Tensor::concat_rows(&[]).is_err());
-    }
-
-    #[test]
-    fn split_refuses_counts_that_do_not_add_up() {
-        let t = iota(3, 2, 0.0);
-        assert!(t.split_rows(&[1, 1]).is_err());
-        assert!(t.split_rows(&[2, 2]).is_err());
-        assert_eq!(t.split_rows(&[0, 3]).expect("zero-row piece").first().map(Tensor::rows), Some(0));
-    }
-
-    #[test]
-    fn byte_string_tensors_concat_and_split_by_rows() {
-        let a = Tensor::from_byte_strings(vec![1, 2], vec![b"a".to_vec(), b"bc".to_vec()]).expect("valid");
-        let b = Tensor::from_byte_strings(vec![1, 2], vec![b"".to_vec(), b"def".to_vec()]).expect("valid");
-        let joined = Tensor::concat_rows(&[&a, &b]).expect("same dims");
-        assert_eq!(joined.shape(), &[2, 2]);
-        assert_eq!(joined.byte_strings().map(<[Vec<u8>]>::len), Some(4));
-        assert_eq!(joined.split_rows(&[1, 1]).expect("valid"), vec![a, b]);
-    }
-
-    #[test]
-    fn padded_concat_fills_the_shorter_sequences_with_zeros() {
-        let a = Tensor::from_slice(vec![1, 3], &[1i64, 2, 3]).expect("valid");
-        let b = Tensor::from_slice(vec![2, 1], &[4i64, 5]).expect("valid");
-        let joined = Tensor::concat_rows_padded(&[&a, &b]).expect("same rank");
-        assert_eq!(joined.shape(), &[3, 3]);
-        assert_eq!(joined.to_vec::<i64>().expect("i64"), vec![1, 2, 3, 4, 0, 0, 5, 0, 0]);
-        let c = Tensor::from_slice(vec![3], &[1i64, 2, 3]).expect("valid");
-        assert!(Tensor::concat_rows_padded(&[&c]).is_err());
-        let d = Tensor::from_slice(vec![1, 1], &[1i32]).expect("valid");
-        assert!(Tensor::concat_rows_padded(&[&a, &d]).is_err());
-    }
-
-    #[test]
-    fn to_vec_checks_the_type() {
-        let t = iota(1, 2, 0.0);
-        assert!(t.to_vec::<i32>().is_err());
-        assert_eq!(t.to_vec::<f32>().expect("fp32"), vec![0.0, 1.0]);
-    }
-}
+#[path = "tensor_tests.rs"]
+mod tests;

@@ -1,6 +1,7 @@
 //! inferd-onnx: the [`Engine`] on ONNX Runtime, loaded from a shared library at run time, with the CPU, CUDA
 //! and TensorRT execution providers.
 
+use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -363,7 +364,7 @@ impl TextGraph {
 
     /// `contract`'s FP32 output from the graph's `value` of it: as it is, or reduced from per-token values with the
     /// attention mask (pooled, or SPLADE's largest weight per vocabulary entry).
-    fn serve(&self, contract: Contract, spec: &TensorSpec, value: &DynValue, mask: &Tensor) -> Result<Tensor> {
+    fn serve(&self, contract: Contract, spec: &TensorSpec, value: DynValue, mask: &Tensor) -> Result<Tensor> {
         let out = from_ort(spec, value)?;
         let values = f32_values(&out)?;
         match (contract, out.shape()) {
@@ -417,15 +418,34 @@ fn to_ort(t: &Tensor) -> Result<SessionInputValue<'_>> {
     value.map_err(Error::engine)
 }
 
-fn from_ort(spec: &TensorSpec, value: &DynValue) -> Result<Tensor> {
+/// A session's output as a tensor. A fixed-size one keeps the elements where ONNX Runtime wrote them, the value
+/// held for as long as the tensor's bytes are (split into a batch's requests, say): no copy of a large output.
+fn from_ort(spec: &TensorSpec, value: DynValue) -> Result<Tensor> {
     let dims = |shape: &[i64]| shape.iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect::<Vec<usize>>();
     with_element_type!(spec.datatype, T => {
         let (shape, data) = value.try_extract_tensor::<T>().map_err(Error::engine)?;
-        Tensor::from_slice(dims(shape), data)
+        let shape = dims(shape);
+        if cfg!(target_endian = "big") {
+            return Tensor::from_slice(shape, data);
+        }
+        Tensor::new(spec.datatype, shape, bytes::Bytes::from_owner(OrtBytes::<T> { value, element: PhantomData }))
     }, BYTES => {
         let (shape, strings) = value.try_extract_strings().map_err(Error::engine)?;
         Tensor::from_byte_strings(dims(shape), strings.into_iter().map(String::into_bytes).collect())
     })
+}
+
+/// A session output's elements as little-endian bytes, in place (on a little-endian machine).
+struct OrtBytes<T> {
+    value: DynValue,
+    element: PhantomData<T>,
+}
+
+impl<T: inferd_core::Element + ort::value::PrimitiveTensorElementType> AsRef<[u8]> for OrtBytes<T> {
+    fn as_ref(&self) -> &[u8] {
+        // `from_ort` extracted the value as `T` before it made this.
+        self.value.try_extract_tensor::<T>().map_or(&[], |(_, elements)| bytemuck::cast_slice(elements))
+    }
 }
 
 /// An error of `Session::run`: ONNX Runtime's INVALID_ARGUMENT is the input's fault (an index out of range for a
@@ -458,8 +478,8 @@ impl Engine for OnnxEngine {
         }
         self.on_session(|session, metadata, _| {
             let values = session_inputs(&metadata.inputs, inputs)?;
-            let outputs = session.run(values).map_err(run_error)?;
-            metadata.outputs.iter().map(|spec| from_ort(spec, output_of(&outputs, &spec.name)?)).collect()
+            let mut outputs = session.run(values).map_err(run_error)?;
+            metadata.outputs.iter().map(|spec| from_ort(spec, output_of(&mut outputs, &spec.name)?)).collect()
         })
     }
 
@@ -471,8 +491,8 @@ impl Engine for OnnxEngine {
             let graph =
                 graph.ok_or_else(|| Error::Engine("a text contract without its graph: this is a bug".into()))?;
             let values = session_inputs(&metadata.inputs, inputs)?;
-            let outputs = session.run(values).map_err(run_error)?;
-            graph.serve(contract, &spec, output_of(&outputs, &spec.name)?, &inputs[graph.mask])
+            let mut outputs = session.run(values).map_err(run_error)?;
+            graph.serve(contract, &spec, output_of(&mut outputs, &spec.name)?, &inputs[graph.mask])
         })
     }
 }
@@ -482,7 +502,7 @@ fn session_inputs<'a>(specs: &'a [TensorSpec], inputs: &'a [Tensor]) -> Result<V
     specs.iter().zip(inputs).map(|(spec, t)| Ok((spec.name.as_str(), to_ort(t)?))).collect()
 }
 
-/// The session's output `name`.
-fn output_of<'o>(outputs: &'o ort::session::SessionOutputs<'_>, name: &str) -> Result<&'o DynValue> {
-    outputs.get(name).ok_or_else(|| Error::Engine(format!("ONNX Runtime returned no output `{name}`")))
+/// The session's output `name`, taken from the outputs.
+fn output_of(outputs: &mut ort::session::SessionOutputs<'_>, name: &str) -> Result<DynValue> {
+    outputs.remove(name).ok_or_else(|| Error::Engine(format!("ONNX Runtime returned no output `{name}`")))
 }
