@@ -32,14 +32,20 @@ fuzz_target!(|data: &[u8]| {
     let b = MemoryRegion::new(vec![0; 16]);
     let regions = MemoryRegions(vec![("a".into(), a.clone()), ("b".into(), b.clone())]);
     for meta in common::models() {
-        if let Ok(call) = inferd_codec::v2::decode_infer(body, None, &meta, &common::LIMITS, &regions) {
+        // Outputs scanned as they are written, or not, as the first byte's low bit says.
+        let finite = len % 2 == 1;
+        if let Ok(mut call) = inferd_codec::v2::decode_infer(body, None, &meta, &common::LIMITS, &regions) {
             common::check(&call.inputs, &meta);
-            let _ = inferd_codec::v2::encode_infer("m", 1, None, &meta, &answer(&meta), &call.outputs);
+            call.outputs.iter_mut().for_each(|w| w.finite = finite);
+            let (outputs, read) = (&call.outputs, &call.input_memory);
+            let _ = inferd_codec::v2::encode_infer("m", 1, None, &meta, &answer(&meta), outputs, read);
         }
         if let Ok(request) = ModelInferRequest::decode(body) {
-            if let Ok(call) = inferd_codec::grpc::decode_infer(request, &meta, &common::LIMITS, &regions) {
+            if let Ok(mut call) = inferd_codec::grpc::decode_infer(request, &meta, &common::LIMITS, &regions) {
                 common::check(&call.inputs, &meta);
-                let _ = inferd_codec::grpc::encode_infer("m", 1, String::new(), &meta, &answer(&meta), &call.outputs);
+                call.outputs.iter_mut().for_each(|w| w.finite = finite);
+                let (outputs, read) = (&call.outputs, &call.input_memory);
+                let _ = inferd_codec::grpc::encode_infer("m", 1, String::new(), &meta, &answer(&meta), outputs, read);
             }
         }
     }

@@ -3,7 +3,8 @@ and gRPC: regions registered, inputs read from and outputs written to them on di
 of the same request sent in the body), status, unregister; each mistake (an unknown region, a region larger than
 its object, an offset past the end, a key that is a path, a span too small for the answer) refused as the client's
 (400 / INVALID_ARGUMENT) with what was wrong; regions unregistered and registered again while requests use them
-break none; the API key applies; /metrics counts the regions; off without --allow-client-shm; and perf_analyzer's
+break none; an object that shrinks under its region fails that region's requests (400) and never the server; an
+output that overflows is refused before it reaches the region; the API key applies; /metrics counts the regions; off without --allow-client-shm; and perf_analyzer's
 `--shared-memory system` runs clean over both protocols."""
 
 import csv
@@ -166,6 +167,72 @@ def test_each_mistake_is_the_clients_with_what_was_wrong(server, regions, protoc
     message = refused(lambda: client.register_cuda_shared_memory("gpu", b"\0" * 64, 0, 64, headers=auth()))
     assert "CUDA shared memory" in message and "system shared memory" in message, message
     client.unregister_cuda_shared_memory(headers=auth())
+    client.unregister_system_shared_memory(headers=auth())
+
+
+def shared_call(client, lib, auth, x, out_bytes):
+    """A digits request with its input in region `in` and its logits in region `out`."""
+    given = lib.InferInput("input", list(x.shape), "FP32")
+    given.set_shared_memory("in", x.nbytes)
+    wanted = lib.InferRequestedOutput("logits")
+    wanted.set_shared_memory("out", out_bytes)
+    return lambda: client.infer("digits", [given], outputs=[wanted], headers=auth())
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_object_that_shrinks_under_its_region_fails_its_requests_not_the_server(server, regions, protocol):
+    client, auth = client_for(protocol, server)
+    lib = CLIENTS[protocol]
+    x = rows_for("digits", 2)
+    expected_in = lib.InferInput("input", list(x.shape), "FP32")
+    expected_in.set_data_from_numpy(x)
+    expected = client.infer("digits", [expected_in], headers=auth()).as_numpy("logits")
+    client.unregister_system_shared_memory(headers=auth())
+    for side in ("in", "out"):
+        made = {name: regions(f"{protocol}-shrink-{side}-{name}", 8192) for name in ("in", "out")}
+        shm.set_shared_memory_region(made["in"][0], [x])
+        for name, (_, key) in made.items():
+            client.register_system_shared_memory(name, key, 8192, headers=auth())
+        infer = shared_call(client, lib, auth, x, expected.nbytes)
+        infer()
+        # The client cuts the object to nothing under its registered region: the server, which had its pages
+        # mapped, fails this request and the next ones that name the region, and stays up.
+        path = "/dev/shm/" + made[side][1].lstrip("/")
+        os.truncate(path, 0)
+        for _ in range(2):
+            message = refused(infer)
+            assert f"region `{side}` lost its memory" in message and "register it again" in message, message
+        assert client.is_server_live(headers=auth())
+        # The object whole again and the region registered again, it serves.
+        os.truncate(path, 8192)
+        shm.set_shared_memory_region(made["in"][0], [x])
+        client.unregister_system_shared_memory(side, headers=auth())
+        client.register_system_shared_memory(side, made[side][1], 8192, headers=auth())
+        infer()
+        got = shm.get_contents_as_numpy(made["out"][0], np.float32, list(expected.shape))
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+        client.unregister_system_shared_memory(headers=auth())
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_an_output_that_overflows_is_refused_before_it_reaches_shared_memory(server, regions, protocol):
+    client, auth = client_for(protocol, server)
+    lib = CLIENTS[protocol]
+    # Finite inputs whose logits overflow to infinity: scanned as they are written to the region, which keeps
+    # what it held.
+    x = np.full((1, 64), 3e38, np.float32)
+    region_in, key_in = regions(f"{protocol}-overflow-in", x.nbytes)
+    region_out, key_out = regions(f"{protocol}-overflow-out", 40)
+    shm.set_shared_memory_region(region_in, [x])
+    shm.set_shared_memory_region(region_out, [np.full(10, 7.0, np.float32)])
+    client.unregister_system_shared_memory(headers=auth())
+    client.register_system_shared_memory("in", key_in, x.nbytes, headers=auth())
+    client.register_system_shared_memory("out", key_out, 40, headers=auth())
+    with pytest.raises(InferenceServerException) as e:
+        shared_call(client, lib, auth, x, 40)()
+    assert str(e.value.status()) in ("500", "StatusCode.INTERNAL"), e.value
+    assert "output `logits` holds -inf" in e.value.message() and "finite numbers only" in e.value.message(), e.value
+    assert (shm.get_contents_as_numpy(region_out, np.float32, [10]) == 7.0).all()
     client.unregister_system_shared_memory(headers=auth())
 
 

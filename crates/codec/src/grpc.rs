@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use inferd_core::{DataType, ModelMetadata, Tensor, TensorSpec};
 
-use super::shm::{Regions, Span, SpanParameters, BYTE_SIZE_PARAMETER, OFFSET_PARAMETER, REGION_PARAMETER};
+use super::shm::{
+    inputs_intact, Regions, Span, SpanParameters, BYTE_SIZE_PARAMETER, OFFSET_PARAMETER, REGION_PARAMETER,
+};
 use super::v2::{binary_form, binary_size, decode_owned, write_to, InputHead};
 use super::{given_inputs, names, quoted, CodecError, Limits, Wanted};
 
@@ -38,6 +40,8 @@ pub struct GrpcCall {
     pub id: String,
     /// In the model's input order; `None` for an optional input left out.
     pub inputs: Vec<Option<Tensor>>,
+    /// The spans of shared memory that inputs are read from, in place: checked once the answer is made.
+    pub input_memory: Vec<Span>,
     /// The outputs to answer with, in the order asked.
     pub outputs: Vec<Wanted>,
     /// Triton's classification extension: (output index, k) for each output asked as its top k classes.
@@ -71,6 +75,7 @@ pub fn decode_infer(
     let mut raw_contents = raw_input_contents.into_iter();
     let mut decoded: Vec<Option<Tensor>> = vec![None; meta.inputs.len()];
     let mut elements = 0;
+    let mut input_memory = Vec::new();
     for input in inputs {
         let slot = meta.inputs.iter().position(|s| s.name == input.name).ok_or_else(|| {
             invalid(format!("unexpected input `{}`: the model takes {}", quoted(&input.name), names(&meta.inputs)))
@@ -81,7 +86,8 @@ pub fn decode_infer(
         let what = format!("input `{}`", quoted(&input.name));
         let span = Span::of(span_parameters(&input.parameters, &what)?, regions, &what)?;
         let raw = if span.is_some() { None } else { raw_contents.next() };
-        let (tensor, count) = decode_input(input, raw, span, &meta.inputs[slot], limits, elements)?;
+        let (tensor, count) = decode_input(input, raw, span.as_ref(), &meta.inputs[slot], limits, elements)?;
+        input_memory.extend(span);
         decoded[slot] = Some(tensor);
         elements = count;
     }
@@ -111,10 +117,11 @@ pub fn decode_infer(
         }
         let what = format!("output `{name}`");
         let memory = Span::of(span_parameters(&o.parameters, &what)?, regions, &what)?;
-        chosen.push(Wanted { index: i, binary: true, memory });
+        chosen.push(Wanted { index: i, binary: true, memory, finite: false });
     }
     if outputs.is_empty() {
-        chosen = (0..meta.outputs.len()).map(|index| Wanted { index, binary: true, memory: None }).collect();
+        chosen =
+            (0..meta.outputs.len()).map(|index| Wanted { index, binary: true, memory: None, finite: false }).collect();
     }
     let timeout = parameters.get(TIMEOUT_PARAMETER).map(microseconds).transpose()?.map(Duration::from_micros);
     let dimensions = match parameters.get(DIMENSIONS_PARAMETER).map(|p| &p.parameter_choice) {
@@ -127,7 +134,7 @@ pub fn decode_infer(
             )))
         }
     };
-    Ok(GrpcCall { id, inputs, outputs: chosen, classification, timeout, dimensions })
+    Ok(GrpcCall { id, inputs, input_memory, outputs: chosen, classification, timeout, dimensions })
 }
 
 /// A tensor's shared-memory parameters, of the types Triton's clients send (a string, and integers).
@@ -171,7 +178,7 @@ fn microseconds(parameter: &InferParameter) -> Result<u64, CodecError> {
 fn decode_input(
     input: InferInputTensor,
     raw: Option<Vec<u8>>,
-    span: Option<Span>,
+    span: Option<&Span>,
     spec: &TensorSpec,
     limits: &Limits,
     elements_before: usize,
@@ -192,7 +199,7 @@ fn decode_input(
         return Ok((tensor, elements));
     }
     let tensor = match (raw, input.contents) {
-        (Some(bytes), None) => decode_owned(datatype, shape, count, bytes, "its raw contents are"),
+        (Some(bytes), None) => decode_owned(datatype, shape, count, bytes.into(), "its raw contents are"),
         (None, Some(contents)) => decode_contents(datatype, shape, count, contents),
         (Some(_), Some(_)) => Err("it has typed contents, and the request raw_input_contents too".to_owned()),
         (None, None) => Err("it has no contents, and the request no raw_input_contents".to_owned()),
@@ -274,6 +281,7 @@ pub fn encode_infer(
     meta: &ModelMetadata,
     outputs: &[Tensor],
     selection: &[Wanted],
+    input_memory: &[Span],
 ) -> Result<ModelInferResponse, CodecError> {
     let mut response = ModelInferResponse {
         model_name: model.to_owned(),
@@ -287,7 +295,7 @@ pub fn encode_infer(
         let (t, spec) = wanted.of(outputs, meta)?;
         let mut bytes = Vec::new();
         if let Some(span) = &wanted.memory {
-            write_to(span, t, &spec.name)?;
+            write_to(span, t, &spec.name, wanted.finite)?;
         } else {
             bytes.reserve_exact(binary_size(t));
             binary_form(t, &mut bytes);
@@ -300,6 +308,7 @@ pub fn encode_infer(
         });
         response.raw_output_contents.push(bytes);
     }
+    inputs_intact(input_memory)?;
     Ok(response)
 }
 

@@ -141,13 +141,13 @@ fn answers_carry_one_raw_entry_per_selected_output() {
     let y = Tensor::from_slice(vec![1, 2], &[inferd_core::half::f16::from_f32(0.5); 2]).expect("y");
     let n = Tensor::from_slice(vec![1], &[7i64]).expect("n");
     let response =
-        encode_infer("m", 3, "r1".into(), &meta(), &[y, n], &wanted(&[(1, true), (0, true)])).expect("encodes");
+        encode_infer("m", 3, "r1".into(), &meta(), &[y, n], &wanted(&[(1, true), (0, true)]), &[]).expect("encodes");
     assert_eq!((response.model_name.as_str(), response.model_version.as_str(), response.id.as_str()), ("m", "3", "r1"));
     let names: Vec<_> =
         response.outputs.iter().map(|o| (o.name.as_str(), o.datatype.as_str(), o.shape.clone())).collect();
     assert_eq!(names, [("n", "INT64", vec![1]), ("y", "FP16", vec![1, 2])]);
     assert_eq!(response.raw_output_contents[0], 7i64.to_le_bytes());
     assert_eq!(response.raw_output_contents[1].len(), 4);
-    let e = encode_infer("m", 1, String::new(), &meta(), &[], &wanted(&[(0, true)])).expect_err("no outputs");
+    let e = encode_infer("m", 1, String::new(), &meta(), &[], &wanted(&[(0, true)]), &[]).expect_err("no outputs");
     assert!(matches!(e, CodecError::Encode(_)), "{e}");
 }

@@ -22,6 +22,9 @@ pub struct Wanted {
     pub binary: bool,
     /// Written to this span of a registered region, not the answer.
     pub memory: Option<shm::Span>,
+    /// Refused if it holds a NaN or infinity, found as it is written to `memory`: where the server refuses them
+    /// and nothing else scans this output (see [`inferd_core::Tensor::write_finite`]).
+    pub finite: bool,
 }
 
 impl Wanted {
@@ -51,6 +54,10 @@ pub enum CodecError {
     /// An answer could not be encoded: ours.
     #[error("encoding the answer: {0}")]
     Encode(String),
+    /// The engine's answer is one the server does not give (a NaN where it refuses them): ours, said as the
+    /// scan after the engine says it.
+    #[error("{0}")]
+    Answer(String),
 }
 
 impl CodecError {
@@ -60,6 +67,7 @@ impl CodecError {
             CodecError::Invalid(m) => CodecError::Invalid(format!("{context}: {m}")),
             CodecError::OverLimit(m) => CodecError::OverLimit(format!("{context}: {m}")),
             CodecError::Encode(m) => CodecError::Encode(format!("{context}: {m}")),
+            CodecError::Answer(m) => CodecError::Answer(format!("{context}: {m}")),
         }
     }
 }
@@ -185,6 +193,16 @@ impl<R: std::io::Read> std::io::Read for DepthChecked<R> {
 
 /// Longest name or shape a message quotes from a client; the rest is cut.
 const QUOTE_CHARS: usize = 64;
+
+/// What refusing a NaN or infinity says: `value` at element `index` of `what` (`input`, `output`) `name`.
+pub fn non_finite(what: &str, name: &str, index: usize, value: f64) -> String {
+    let value = if value.is_nan() { "NaN".to_owned() } else { format!("{value}") };
+    format!(
+        "{what} `{}` holds {value} at element {index}: this server takes and gives finite numbers only \
+         (--allow-non-finite)",
+        quoted(name)
+    )
+}
 
 /// A client's text, for a message: at most [`QUOTE_CHARS`] characters of it, then `…`.
 pub fn quoted(text: &str) -> Quoted<'_> {

@@ -6,6 +6,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use super::{quoted, CodecError};
 
 /// The parameter that names the registered region a tensor is in.
@@ -19,10 +21,16 @@ pub const OFFSET_PARAMETER: &str = "shared_memory_offset";
 pub trait Region: Send + Sync {
     /// Its bytes.
     fn byte_size(&self) -> usize;
-    /// A copy of `len` bytes from `offset`, within the region (the caller checked the span).
-    fn read(&self, offset: usize, len: usize) -> std::io::Result<Vec<u8>>;
+    /// `len` bytes from `offset`, within the region (the caller checked the span): the region's own memory where it
+    /// can be read in place (held, with the region, for as long as the bytes are), else a copy.
+    fn read(self: Arc<Self>, offset: usize, len: usize) -> std::io::Result<Bytes>;
     /// Writes `bytes` at `offset`, within the region (the caller checked the span).
     fn write(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()>;
+    /// Whether every read and write so far reached the client's memory: `false` once the region was found to have
+    /// lost some of it (its object shrank), whatever a read then gave.
+    fn intact(&self) -> bool {
+        true
+    }
 }
 
 /// The regions registered with the server, by name.
@@ -109,27 +117,62 @@ impl Span {
         self.size
     }
 
-    /// A copy of the span's bytes.
-    pub fn read(&self) -> Result<Vec<u8>, String> {
-        self.region.read(self.offset, self.size).map_err(|e| self.failed("reading", &e))
+    /// The span's bytes, in place where the region allows (see [`Region::read`]). Whether they were the client's
+    /// is known only once the request is done with them: see [`Span::intact`].
+    pub fn read(&self) -> Result<Bytes, String> {
+        self.intact()?;
+        self.region.clone().read(self.offset, self.size).map_err(|e| self.failed("reading", &e))
+    }
+
+    /// Refused where the region has lost memory that it had when registered (see [`Region::intact`]): what a
+    /// request read from it, or wrote to it, may not have been the client's.
+    pub fn intact(&self) -> Result<(), String> {
+        if self.region.intact() {
+            return Ok(());
+        }
+        Err(format!(
+            "shared memory region `{}` lost its memory while in use: its object became smaller than the region \
+             registered. Unregister the region and register it again",
+            quoted(&self.name)
+        ))
     }
 
     /// Writes `bytes` at the span's start: refused where they do not fit it.
     pub fn write(&self, bytes: &[u8]) -> Result<(), String> {
-        if bytes.len() > self.size {
+        self.fits(bytes.len())?;
+        self.write_at(0, bytes)?;
+        self.intact()
+    }
+
+    /// Refused where `len` bytes, written from the span's start, would not fit it.
+    pub fn fits(&self, len: usize) -> Result<(), String> {
+        if len > self.size {
             return Err(format!(
-                "it needs {} bytes, but its span of shared memory region `{}` ({BYTE_SIZE_PARAMETER}) holds {}",
-                bytes.len(),
+                "it needs {len} bytes, but its span of shared memory region `{}` ({BYTE_SIZE_PARAMETER}) holds {}",
                 quoted(&self.name),
                 self.size
             ));
         }
-        self.region.write(self.offset, bytes).map_err(|e| self.failed("writing", &e))
+        Ok(())
+    }
+
+    /// Writes `bytes` at `offset` within the span (a piece of a larger write): refused past its end. Whether they
+    /// reached the client's memory is for [`Span::intact`] to say, once the whole is written.
+    pub fn write_at(&self, offset: usize, bytes: &[u8]) -> Result<(), String> {
+        let end = offset.checked_add(bytes.len()).filter(|&end| end <= self.size);
+        self.fits(end.unwrap_or(usize::MAX))?;
+        self.region.write(self.offset + offset, bytes).map_err(|e| self.failed("writing", &e))
     }
 
     fn failed(&self, doing: &str, e: &std::io::Error) -> String {
         format!("{doing} shared memory region `{}`: {e}", quoted(&self.name))
     }
+}
+
+/// Refused where a span that a request's inputs were read from (`read`) lost its memory while the request used it:
+/// for the answer, once the engine is done with the inputs.
+pub fn inputs_intact(read: &[Span]) -> Result<(), CodecError> {
+    read.iter().try_for_each(|span| span.intact().map_err(|m| CodecError::Invalid(format!("an input's {m}"))))
 }
 
 /// Regions held in memory, by name: for tests and fuzzing, which need no operating-system shared memory.
@@ -155,9 +198,9 @@ impl Region for MemoryRegion {
         self.0.lock().map(|b| b.len()).unwrap_or(0)
     }
 
-    fn read(&self, offset: usize, len: usize) -> std::io::Result<Vec<u8>> {
+    fn read(self: Arc<Self>, offset: usize, len: usize) -> std::io::Result<Bytes> {
         let bytes = self.0.lock().map_err(|_| std::io::Error::other("poisoned"))?;
-        Ok(bytes[offset..offset + len].to_vec())
+        Ok(Bytes::copy_from_slice(&bytes[offset..offset + len]))
     }
 
     fn write(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()> {

@@ -55,8 +55,8 @@ fn v2_reads_an_input_from_its_span_and_writes_an_output_to_its_own() {
     let call = v2::decode_infer(&v2_request(x, y), None, &meta(), &Limits::NONE, &regions).expect("decodes");
     let x = call.inputs[0].as_ref().expect("x");
     assert_eq!(x.raw_bytes().expect("FP32"), [1.5f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>());
-    let (body, json_len) =
-        v2::encode_infer("m", 1, None, &meta(), &answer(), &call.outputs).expect("the answer fits its span");
+    let (body, json_len) = v2::encode_infer("m", 1, None, &meta(), &answer(), &call.outputs, &call.input_memory)
+        .expect("the answer fits its span");
     assert_eq!(json_len, None, "nothing follows the JSON");
     let json: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
     assert_eq!(json["outputs"][0], json!({ "name": "y", "datatype": "FP16", "shape": [1, 2] }));
@@ -103,7 +103,8 @@ fn an_output_larger_than_its_span_is_the_clients_error() {
     let body =
         v2_request(json!({ "shared_memory_region": "in", "shared_memory_byte_size": 8, "shared_memory_offset": 4 }), y);
     let call = v2::decode_infer(&body, None, &meta(), &Limits::NONE, &regions).expect("decodes");
-    let e = v2::encode_infer("m", 1, None, &meta(), &answer(), &call.outputs).expect_err("4 bytes in 3");
+    let e = v2::encode_infer("m", 1, None, &meta(), &answer(), &call.outputs, &call.input_memory)
+        .expect_err("4 bytes in 3");
     assert!(matches!(&e, crate::CodecError::Invalid(_)), "{e:?}");
     assert!(e.to_string().contains("output `y`: it needs 4 bytes, but its span of shared memory region `out`"), "{e}");
     assert_eq!(out.bytes(), vec![0; 16], "nothing written");
@@ -146,7 +147,8 @@ fn grpc_takes_raw_contents_for_the_inputs_outside_shared_memory_only() {
     let call = grpc::decode_infer(grpc_request(span("in", 8, 4)), &meta(), &Limits::NONE, &regions).expect("decodes");
     assert_eq!(call.inputs[0].as_ref().and_then(Tensor::raw_bytes).map(<[u8]>::len), Some(8));
     assert_eq!(call.inputs[1].as_ref().and_then(Tensor::byte_strings).map(|s| s[0].clone()), Some(b"a".to_vec()));
-    let response = grpc::encode_infer("m", 1, String::new(), &meta(), &answer(), &call.outputs).expect("encodes");
+    let response = grpc::encode_infer("m", 1, String::new(), &meta(), &answer(), &call.outputs, &call.input_memory)
+        .expect("encodes");
     assert!(response.outputs[0].parameters.is_empty(), "{:?}", response.outputs[0]);
     assert_eq!(response.raw_output_contents, vec![Vec::<u8>::new()], "an empty entry keeps the places");
     assert_eq!(&out.bytes()[..4], [0x00, 0x38, 0x00, 0xc0]);
@@ -163,4 +165,84 @@ fn grpc_takes_raw_contents_for_the_inputs_outside_shared_memory_only() {
         .expect_err("past the end")
         .to_string();
     assert!(e.contains("bytes 4 to 16 run past the end of shared memory region `in`"), "{e}");
+}
+
+/// A region that can be made to lose its memory, as a mapped object that shrank does.
+struct Lossy(Arc<MemoryRegion>, std::sync::atomic::AtomicBool);
+
+impl Region for Lossy {
+    fn byte_size(&self) -> usize {
+        self.0.byte_size()
+    }
+
+    fn read(self: Arc<Self>, offset: usize, len: usize) -> std::io::Result<bytes::Bytes> {
+        self.0.clone().read(offset, len)
+    }
+
+    fn write(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()> {
+        self.0.write(offset, bytes)
+    }
+
+    fn intact(&self) -> bool {
+        !self.1.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Regions `in` and `out` as [`regions`] makes them, each able to lose its memory.
+struct LossyRegions(Vec<(&'static str, Arc<Lossy>)>);
+
+impl Regions for LossyRegions {
+    fn region(&self, name: &str) -> Option<Arc<dyn Region>> {
+        self.0.iter().find(|(n, _)| *n == name).map(|(_, r)| r.clone() as Arc<dyn Region>)
+    }
+}
+
+#[test]
+fn a_region_that_lost_its_memory_fails_the_requests_that_use_it() {
+    let (MemoryRegions(made), _) = regions();
+    let lossy = |i: usize| Arc::new(Lossy(made[i].1.clone(), false.into()));
+    let regions = LossyRegions(vec![("in", lossy(0)), ("out", lossy(1))]);
+    let lose = |i: usize| regions.0[i].1 .1.store(true, std::sync::atomic::Ordering::Relaxed);
+    let x = json!({ "shared_memory_region": "in", "shared_memory_byte_size": 8, "shared_memory_offset": 4 });
+    let y = json!({ "shared_memory_region": "out", "shared_memory_byte_size": 4 });
+    let body = v2_request(x, y);
+    let call = v2::decode_infer(&body, None, &meta(), &Limits::NONE, &regions).expect("decodes");
+    let encode =
+        |call: &v2::V2Call| v2::encode_infer("m", 1, None, &meta(), &answer(), &call.outputs, &call.input_memory);
+    encode(&call).expect("both regions whole");
+    // The input's region loses its memory while the request runs: what the engine read may not have been the
+    // client's, so the answer is refused; and so is the next request that reads from it.
+    lose(0);
+    let e = encode(&call).expect_err("refused").to_string();
+    assert!(e.contains("an input's shared memory region `in` lost its memory"), "{e}");
+    let e = v2::decode_infer(&body, None, &meta(), &Limits::NONE, &regions).expect_err("refused").to_string();
+    assert!(e.contains("input `x`: shared memory region `in` lost its memory"), "{e}");
+    // An output's region that lost its memory fails the write, scanned or not.
+    regions.0[0].1 .1.store(false, std::sync::atomic::Ordering::Relaxed);
+    lose(1);
+    let mut call = v2::decode_infer(&body, None, &meta(), &Limits::NONE, &regions).expect("decodes");
+    for finite in [false, true] {
+        call.outputs[0].finite = finite;
+        let e = encode(&call).expect_err("refused").to_string();
+        assert!(e.contains("output `y`: shared memory region `out` lost its memory"), "{e}");
+    }
+}
+
+#[test]
+fn an_output_scanned_as_it_is_written_is_refused_before_a_non_finite_block() {
+    let (regions, out) = regions();
+    let x = json!({ "shared_memory_region": "in", "shared_memory_byte_size": 8, "shared_memory_offset": 4 });
+    let y = json!({ "shared_memory_region": "out", "shared_memory_byte_size": 4 });
+    let mut call = v2::decode_infer(&v2_request(x, y), None, &meta(), &Limits::NONE, &regions).expect("decodes");
+    call.outputs[0].finite = true;
+    let mut answer = answer();
+    let written = v2::encode_infer("m", 1, None, &meta(), &answer, &call.outputs, &[]);
+    assert_eq!(written.map(|(_, len)| len).expect("finite"), None);
+    assert_eq!(out.bytes()[..4], [0x00, 0x38, 0x00, 0xc0], "written as when not scanned");
+    answer[0] = Tensor::from_slice(vec![1, 2], &[f16::from_f32(0.25), f16::NAN]).expect("valid");
+    let e = v2::encode_infer("m", 1, None, &meta(), &answer, &call.outputs, &[]).expect_err("NaN");
+    assert!(matches!(&e, CodecError::Answer(m) if m.starts_with("output `y` holds NaN at element 1")), "{e}");
+    assert_eq!(out.bytes()[..4], [0x00, 0x38, 0x00, 0xc0], "the span keeps what it held");
+    let e = grpc::encode_infer("m", 1, String::new(), &meta(), &answer, &call.outputs, &[]).expect_err("NaN");
+    assert!(matches!(&e, CodecError::Answer(m) if m.contains("finite numbers only")), "{e}");
 }

@@ -117,7 +117,7 @@ impl From<CodecError> for AppError {
         let kind = match e {
             CodecError::Invalid(_) => ErrorKind::BadRequest,
             CodecError::OverLimit(_) => ErrorKind::PayloadTooLarge,
-            CodecError::Encode(_) => ErrorKind::Internal,
+            CodecError::Encode(_) | CodecError::Answer(_) => ErrorKind::Internal,
         };
         AppError::new(kind, e.to_string())
     }

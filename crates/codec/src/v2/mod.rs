@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::json::{decode_flat, FlatJson};
-use super::shm::{Regions, Span, SpanParameters};
+use super::shm::{inputs_intact, Regions, Span, SpanParameters};
 use super::{check_json_depth, given_inputs, names, quoted, shape_text, CodecError, Limits, Wanted};
 
 /// The header that gives the length of a body's JSON part when binary tensors follow it.
@@ -117,6 +117,8 @@ pub struct V2Call {
     pub id: Option<String>,
     /// In the model's input order; `None` for an optional input left out.
     pub inputs: Vec<Option<Tensor>>,
+    /// The spans of shared memory that inputs are read from, in place: checked once the answer is made.
+    pub input_memory: Vec<Span>,
     /// The outputs to answer with, in the order asked.
     pub outputs: Vec<Wanted>,
     /// Triton's classification extension: (output index, k) for each output asked as its top k classes.
@@ -150,6 +152,7 @@ pub fn decode_infer(
     // Binary tensors follow the JSON in the order of the JSON's inputs.
     let mut decoded: Vec<Option<Tensor>> = vec![None; meta.inputs.len()];
     let mut elements = 0;
+    let mut input_memory = Vec::new();
     for input in &request.inputs {
         let slot = meta.inputs.iter().position(|s| s.name == input.name).ok_or_else(|| {
             invalid(format!("unexpected input `{}`: the model takes {}", quoted(&input.name), names(&meta.inputs)))
@@ -157,7 +160,8 @@ pub fn decode_infer(
         if decoded[slot].is_some() {
             return Err(invalid(format!("input `{}` is given twice", input.name)));
         }
-        let (tensor, count) = decode_input(input, &meta.inputs[slot], &mut binary, limits, elements, regions)?;
+        let (tensor, count, span) = decode_input(input, &meta.inputs[slot], &mut binary, limits, elements, regions)?;
+        input_memory.extend(span);
         decoded[slot] = Some(tensor);
         elements = count;
     }
@@ -168,7 +172,9 @@ pub fn decode_infer(
     let default_binary = request.parameters.binary_data_output;
     let mut classification = Vec::new();
     let outputs = match &request.outputs {
-        None => (0..meta.outputs.len()).map(|index| Wanted { index, binary: default_binary, memory: None }).collect(),
+        None => (0..meta.outputs.len())
+            .map(|index| Wanted { index, binary: default_binary, memory: None, finite: false })
+            .collect(),
         Some(asked) => {
             let mut chosen: Vec<Wanted> = Vec::with_capacity(asked.len().min(meta.outputs.len()));
             for o in asked {
@@ -188,18 +194,19 @@ pub fn decode_infer(
                 }
                 let memory = Span::of(o.parameters.span(), regions, &format!("output `{name}`"))?;
                 let binary = memory.is_none() && o.parameters.binary_data.unwrap_or(default_binary);
-                chosen.push(Wanted { index: i, binary, memory });
+                chosen.push(Wanted { index: i, binary, memory, finite: false });
             }
             chosen
         }
     };
     let timeout = request.parameters.timeout.map(Duration::from_micros);
     let dimensions = request.parameters.dimensions.map(|d| usize::try_from(d).unwrap_or(usize::MAX));
-    Ok(V2Call { id: request.id, inputs, outputs, classification, timeout, dimensions })
+    Ok(V2Call { id: request.id, inputs, input_memory, outputs, classification, timeout, dimensions })
 }
 
 /// Decodes one input, taking its binary data (if any) from the front of `binary`, or its shared memory from
-/// `regions`. Returns the tensor and the request's elements so far, `elements_before` included.
+/// `regions`. Returns the tensor, the request's elements so far (`elements_before` included), and the span of
+/// shared memory it is read from.
 fn decode_input(
     input: &V2Input<'_>,
     spec: &TensorSpec,
@@ -207,7 +214,7 @@ fn decode_input(
     limits: &Limits,
     elements_before: usize,
     regions: &dyn Regions,
-) -> Result<(Tensor, usize), CodecError> {
+) -> Result<(Tensor, usize, Option<Span>), CodecError> {
     let name = quoted(&input.name);
     let invalid = |m: String| CodecError::Invalid(format!("input `{name}`: {m}"));
     let InputHead { datatype, shape, count, elements } =
@@ -221,7 +228,7 @@ fn decode_input(
         }
         let bytes = span.read().map_err(invalid)?;
         let tensor = decode_owned(datatype, shape, count, bytes, "its shared_memory_byte_size is").map_err(invalid)?;
-        return Ok((tensor, elements));
+        return Ok((tensor, elements, Some(span)));
     }
     let tensor = match (input.parameters.binary_data_size, input.data) {
         (Some(size), None) => {
@@ -253,7 +260,7 @@ fn decode_input(
             return Err(CodecError::Invalid(format!("input `{name}` has neither `data` nor binary_data_size")))
         }
     };
-    Ok((tensor, elements))
+    Ok((tensor, elements, None))
 }
 
 /// What an input's header says, checked against the model's input and the request's limits before any of its data
@@ -295,7 +302,7 @@ impl InputHead {
 /// A tensor from its binary form: little-endian elements, or for BYTES a 4-byte length before each element.
 fn decode_binary(datatype: DataType, shape: Vec<usize>, count: usize, bytes: &[u8]) -> Result<Tensor, String> {
     match datatype.size() {
-        Some(_) => decode_owned(datatype, shape, count, bytes.to_vec(), "binary_data_size is"),
+        Some(_) => decode_owned(datatype, shape, count, bytes::Bytes::copy_from_slice(bytes), "binary_data_size is"),
         None => decode_binary_strings(shape, count, bytes),
     }
 }
@@ -306,7 +313,7 @@ pub(crate) fn decode_owned(
     datatype: DataType,
     shape: Vec<usize>,
     count: usize,
-    bytes: Vec<u8>,
+    bytes: bytes::Bytes,
     given: &str,
 ) -> Result<Tensor, String> {
     let Some(size) = datatype.size() else { return decode_binary_strings(shape, count, &bytes) };
@@ -375,9 +382,19 @@ pub struct V2BinaryOutput {
     pub binary_data_size: usize,
 }
 
-/// Writes the output `t`, named `name`, in its binary form to `span`.
-pub(crate) fn write_to(span: &Span, t: &Tensor, name: &str) -> Result<(), CodecError> {
+/// Writes the output `t`, named `name`, in its binary form to `span`; scanning it for NaN and infinity as it goes
+/// where `finite` (see [`Wanted::finite`]).
+pub(crate) fn write_to(span: &Span, t: &Tensor, name: &str, finite: bool) -> Result<(), CodecError> {
     let written = match t.raw_bytes() {
+        Some(bytes) if finite => {
+            span.fits(bytes.len()).map_err(|m| CodecError::Invalid(format!("output `{}`: {m}", quoted(name))))?;
+            let found = t.write_finite(|offset, block| span.write_at(offset, block));
+            if let Ok(Some((index, value))) = found {
+                // The engine's output: the server's fault, as when it is scanned after the engine.
+                return Err(CodecError::Answer(crate::non_finite("output", name, index, value)));
+            }
+            found.and_then(|_| span.intact())
+        }
         Some(bytes) => span.write(bytes),
         None => {
             let mut bytes = Vec::new();
@@ -421,6 +438,7 @@ pub fn encode_infer(
     meta: &ModelMetadata,
     outputs: &[Tensor],
     selection: &[Wanted],
+    input_memory: &[Span],
 ) -> Result<(Vec<u8>, Option<usize>), CodecError> {
     // The binary parts are sized first and copied once, straight after the JSON part.
     let mut binary = Vec::new();
@@ -430,7 +448,7 @@ pub fn encode_infer(
         // An output in shared memory is named, typed and shaped, with no `parameters`, as Triton answers it:
         // Triton's C++ client reads `binary_data_size` from any output that has them.
         let parameters = if let Some(span) = &wanted.memory {
-            write_to(span, t, &spec.name)?;
+            write_to(span, t, &spec.name, wanted.finite)?;
             None
         } else {
             wanted.binary.then(|| {
@@ -447,6 +465,7 @@ pub fn encode_infer(
             parameters,
         });
     }
+    inputs_intact(input_memory)?;
     let response = V2InferResponse { model_name: model, model_version: version.to_string(), id, outputs: json_outputs };
     let mut body = serde_json::to_vec(&response).map_err(|e| CodecError::Encode(e.to_string()))?;
     let json_len = body.len();

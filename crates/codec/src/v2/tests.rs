@@ -185,7 +185,7 @@ fn answers_put_binary_outputs_after_the_json() {
     let y = Tensor::from_slice(vec![1, 2], &[f16::from_f32(0.5), f16::from_f32(-2.0)]).expect("valid");
     let n = Tensor::from_slice(vec![1], &[7i64]).expect("valid");
     let (body, len) =
-        encode_infer("m", 1, Some("r1"), &meta(), &[y, n], &wanted(&[(1, false), (0, true)])).expect("encodes");
+        encode_infer("m", 1, Some("r1"), &meta(), &[y, n], &wanted(&[(1, false), (0, true)]), &[]).expect("encodes");
     let len = len.expect("a binary output follows");
     let json: serde_json::Value = serde_json::from_slice(&body[..len]).expect("JSON");
     assert_eq!(json["model_name"], "m");
@@ -207,6 +207,7 @@ fn answers_put_binary_outputs_after_the_json() {
             Tensor::from_slice(vec![1], &[7i64]).expect("valid"),
         ],
         &wanted(&[(0, false)]),
+        &[],
     )
     .expect("encodes");
     assert_eq!(len, None);
@@ -264,5 +265,5 @@ pub(crate) fn chosen(outputs: &[Wanted]) -> Vec<(usize, bool)> {
 
 /// Outputs to answer with, none in shared memory: (index, in binary?) each.
 pub(crate) fn wanted(outputs: &[(usize, bool)]) -> Vec<Wanted> {
-    outputs.iter().map(|&(index, binary)| Wanted { index, binary, memory: None }).collect()
+    outputs.iter().map(|&(index, binary)| Wanted { index, binary, memory: None, finite: false }).collect()
 }

@@ -20,11 +20,12 @@ use super::{deadline_of, Deadline};
 use crate::budget::Hold;
 use crate::codec::grpc::proto::*;
 use crate::codec::grpc::{decode_infer, encode_infer};
-use crate::codec::shm;
 use crate::codec::v2::models as v2;
 use crate::error::{AppError, ErrorKind};
 use crate::metrics::Protocol;
-use crate::ops::infer::{classify_outputs, deadline_in, decode, decode_bytes, encode, infer};
+use crate::ops::infer::{
+    classify_outputs, deadline_in, decode, encode, infer, scan_outputs_on_write, OutputsScannedOnWrite,
+};
 use crate::ops::models;
 use crate::ops::repository;
 use crate::registry::ModelEntry;
@@ -300,19 +301,21 @@ async fn infer_one(
     };
     let limits = *state.limits();
     let regions = state.shared_memory().clone();
-    let in_memory = request.inputs.iter().any(|i| i.parameters.contains_key(shm::REGION_PARAMETER));
-    let len = decode_bytes(len, in_memory);
-    let call = decode(&model, len, move |meta| decode_infer(request, meta, &limits, &*regions)).await?;
+    // An input in shared memory is read in place: decoding it is no work.
+    let mut call = decode(&model, len, move |meta| decode_infer(request, meta, &limits, &*regions)).await?;
     let deadline = [call.timeout.and_then(deadline_in), deadline.map(|d| d.0)].into_iter().flatten().min();
-    let request = InferRequest::new(Input::Tensors(call.inputs)).with_deadline(deadline);
+    let mut request = InferRequest::new(Input::Tensors(call.inputs)).with_deadline(deadline);
+    if scan_outputs_on_write(state, &model, &mut call.outputs, &call.classification) {
+        request = request.with(OutputsScannedOnWrite);
+    }
     let request = crate::ops::text::with_dimensions(&model, request, call.dimensions)?;
     let served = infer(state, &model, request, &hold).await?;
-    let (id, selection, classification) = (call.id, call.outputs, call.classification);
+    let (id, selection, classification, read) = (call.id, call.outputs, call.classification, call.input_memory);
     let encoder = model.clone();
     encode(served, move |mut served| {
         let meta = encoder.metadata();
         classify_outputs(&encoder, &mut served.answer.tensors, &classification)?;
-        encode_infer(encoder.name(), encoder.version, id, meta, &served.answer.tensors, &selection)
+        encode_infer(encoder.name(), encoder.version, id, meta, &served.answer.tensors, &selection, &read)
     })
     .await
 }

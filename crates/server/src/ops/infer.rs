@@ -11,10 +11,10 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue};
 use inferd_batcher::{Inputs, Pieces};
 use inferd_core::{ModelMetadata, Tensor, TensorSpec};
-use inferd_models::{Answer, Input, LoadedModel, Request, TaskError, Texts};
+use inferd_models::{Answer, Input, LoadedModel, Request, Service, TaskError, Texts};
 
 use crate::budget::{Hold, Metered};
-use crate::codec::{quoted, CodecError};
+use crate::codec::{quoted, CodecError, Wanted};
 use crate::error::{AppError, ErrorKind};
 use crate::state::AppState;
 use crate::trace::Traced;
@@ -55,16 +55,6 @@ impl Served {
             headers.insert(name, HeaderValue::from(u64::try_from(value).unwrap_or(u64::MAX)));
         }
         headers
-    }
-}
-
-/// The work a decode does, in bytes, for [`decode`]: the body's `len`; where an input is in shared memory, which the
-/// decoder reads however small the body, at least enough to leave the runtime.
-pub fn decode_bytes(len: usize, in_shared_memory: bool) -> usize {
-    if in_shared_memory {
-        len.max(INLINE_WORK_BYTES + 1)
-    } else {
-        len
     }
 }
 
@@ -114,6 +104,32 @@ pub async fn encode<T: Send + 'static>(
     Ok(off_runtime_answering(encodes_large(&served.answer.tensors), move || encode(served)).await??)
 }
 
+/// A request's option: its answer's encoder scans every output for NaN and infinity as it writes it to shared
+/// memory, so [`infer`] does not scan them first (see [`scan_outputs_on_write`]).
+pub struct OutputsScannedOnWrite;
+
+/// Whether the answer's encoder can scan `model`'s outputs for NaN and infinity as it writes them to shared memory,
+/// instead of [`infer`]'s scan after the engine, which would read each output once more: the server refuses them,
+/// the model's outputs are its engine's as they are (the tensors task), and every output is asked in shared memory,
+/// none as classes. Then `wanted` is marked to be scanned, and the request needs [`OutputsScannedOnWrite`].
+pub fn scan_outputs_on_write(
+    state: &AppState,
+    model: &LoadedModel,
+    wanted: &mut [Wanted],
+    classification: &[(usize, usize)],
+) -> bool {
+    let in_memory = |i: usize| {
+        wanted.iter().any(|w| w.index == i && w.memory.is_some()) && classification.iter().all(|&(c, _)| c != i)
+    };
+    let can = !state.allow_non_finite()
+        && model.task.service() == Service::Tensors
+        && (0..model.metadata().outputs.len()).all(in_memory);
+    if can {
+        wanted.iter_mut().for_each(|w| w.finite = true);
+    }
+    can
+}
+
 /// Runs `request` on `model`: the task's step before the batcher, the batcher, the task's step after it. The
 /// request's decoded tensors (and a vision model's decoded pictures) count against `hold`, its share of the
 /// in-flight budget, until it is answered.
@@ -130,6 +146,7 @@ pub async fn infer(
     let started = Instant::now();
     let max_rows = state.limits().max_rows;
     let allow_non_finite = state.allow_non_finite();
+    let outputs_scanned_later = request.options.get::<OutputsScannedOnWrite>().is_some();
     let large = matches!(&request.input, Input::Tensors(t) if tensor_bytes(t.iter().flatten()) > INLINE_WORK_BYTES);
     let task = model.task.clone();
     let deadline = request.deadline;
@@ -174,7 +191,7 @@ pub async fn infer(
     let answer = off_runtime_answering(encodes_large(&out.outputs), move || {
         // The engine's own outputs are checked, before the task's step makes an answer of them; per-token states
         // after it, once cut to the tokens the client sees (padded positions may hold anything).
-        if !allow_non_finite && !per_token {
+        if !allow_non_finite && !per_token && !outputs_scanned_later {
             let specs = &engine.batcher_for(tower).metadata().outputs;
             refuse_non_finite(out.outputs.iter().zip(specs), "output").map_err(TaskError::Internal)?;
         }
@@ -279,12 +296,7 @@ fn refuse_non_finite<'a>(
 ) -> Result<(), String> {
     for (t, spec) in tensors {
         if let Some((index, value)) = t.first_non_finite() {
-            let value = if value.is_nan() { "NaN".to_owned() } else { format!("{value}") };
-            return Err(format!(
-                "{what} `{}` holds {value} at element {index}: this server takes and gives finite numbers only \
-                 (--allow-non-finite)",
-                quoted(&spec.name)
-            ));
+            return Err(inferd_codec::non_finite(what, &spec.name, index, value));
         }
     }
     Ok(())

@@ -1,23 +1,28 @@
 //! Triton's system shared memory: regions that a client on the same host created (POSIX shared memory, under
 //! `/dev/shm`) and registered by name, which its requests then name for their inputs and outputs. A region's object
-//! is opened once, at registration, and read and written with `pread` and `pwrite`, never mapped: a client that
-//! shrinks or removes its object fails its own requests, where a mapping would fault the server. A region
-//! unregistered while requests use it stays open until the last of them lets go of it.
+//! is opened and mapped once, at registration: an engine reads inputs where the client wrote them, and outputs are
+//! copied straight into the client's memory. A client that shrinks its object under a registered region fails its
+//! own requests, not the server ([`mapping`]). A region unregistered while requests use it stays mapped until the
+//! last of them lets go of it.
 //!
 //! Off unless the server is started with `--allow-client-shm`: a registered key reaches any shared-memory object the
 //! server's user may open, so it is for a gateway on the same host that the operator trusts.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use bytes::Bytes;
 use inferd_codec::quoted;
 use inferd_codec::shm::{Region, Regions};
 use rustix::fs::{Mode, OFlags};
 
 use crate::error::AppError;
 use crate::metrics::Metrics;
+
+mod mapping;
+
+use mapping::Mapping;
 
 /// Where Linux keeps POSIX shared-memory objects: `shm_open("/name")` opens `/dev/shm/name`.
 pub const SHM_DIR: &str = "/dev/shm";
@@ -34,7 +39,7 @@ pub struct SystemRegion {
     pub key: String,
     pub offset: u64,
     pub byte_size: u64,
-    file: std::fs::File,
+    memory: Mapping,
 }
 
 /// A region as the status calls show it.
@@ -56,11 +61,6 @@ impl SharedMemory {
 
     fn regions(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<SystemRegion>>> {
         self.regions.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Whether any region is registered: requests name none otherwise.
-    pub fn in_use(&self) -> bool {
-        !self.regions().is_empty()
     }
 
     /// Registers `byte_size` bytes at `offset` in the object `key` as region `name`. Opens the object: off the async
@@ -189,7 +189,9 @@ impl SystemRegion {
         })?;
         // Spans are checked against the region as usize.
         usize::try_from(end).map_err(|_| AppError::bad_request("the region is larger than this machine addresses"))?;
-        Ok(SystemRegion { key, offset, byte_size, file })
+        let memory = Mapping::new(&file, offset, byte_size as usize)
+            .map_err(|e| AppError::bad_request(format!("cannot map shared memory object `{}`: {e}", quoted(&key))))?;
+        Ok(SystemRegion { key, offset, byte_size, memory })
     }
 }
 
@@ -207,26 +209,30 @@ impl Region for SystemRegion {
         self.byte_size as usize
     }
 
-    fn read(&self, offset: usize, len: usize) -> std::io::Result<Vec<u8>> {
-        // Read into memory that is neither zeroed nor written first: a block of many megabytes that jemalloc reuses
-        // is zeroed by handing its pages back, each then faulting in again; writing zeros is one more pass.
-        let mut bytes = Vec::with_capacity(len);
-        while bytes.len() < len {
-            let at = self.offset + (offset + bytes.len()) as u64;
-            if rustix::io::pread(&self.file, rustix::buffer::spare_capacity(&mut bytes), at)? == 0 {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "the shared-memory object ends before the region does",
-                ));
-            }
-        }
-        // The spare capacity may be larger than asked for.
-        bytes.truncate(len);
-        Ok(bytes)
+    fn read(self: Arc<Self>, offset: usize, len: usize) -> std::io::Result<Bytes> {
+        Ok(Bytes::from_owner(InPlace { region: self, offset, len }))
     }
 
     fn write(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()> {
-        self.file.write_all_at(bytes, self.offset + offset as u64)
+        self.memory.write(offset, bytes)
+    }
+
+    fn intact(&self) -> bool {
+        self.memory.intact()
+    }
+}
+
+/// A span of a region's memory, read in place: the region stays mapped while these bytes are held.
+struct InPlace {
+    region: Arc<SystemRegion>,
+    offset: usize,
+    len: usize,
+}
+
+impl AsRef<[u8]> for InPlace {
+    fn as_ref(&self) -> &[u8] {
+        // The span was checked against the region.
+        self.region.memory.bytes().get(self.offset..self.offset + self.len).unwrap_or_default()
     }
 }
 
@@ -246,21 +252,33 @@ mod tests {
     }
 
     #[test]
-    fn a_region_reads_its_own_bytes_and_refuses_an_object_that_shrank() {
+    fn a_region_is_read_in_place_and_an_object_that_shrank_fails_its_requests_not_the_server() {
         let key = format!("/inferd-unit-{}", std::process::id());
         let path = Path::new(SHM_DIR).join(object_name(&key).expect("a name"));
-        let bytes: Vec<u8> = (0..=255).collect();
+        let bytes: Vec<u8> = (0..3 * 4096).map(|i| (i % 251) as u8).collect();
         std::fs::write(&path, &bytes).expect("write the object");
-        let region = SystemRegion::open(key, 8, 200);
-        let read = region.as_ref().map(|r| (r.read(4, 100), r.read(0, 0)));
-        // The object shrinks under the registered region: a read past its new end is an error, not short bytes.
-        let shrunk = std::fs::OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(100));
-        let after = region.as_ref().map(|r| r.read(50, 100).map_err(|e| e.kind()));
+        let region = SystemRegion::open(key, 8, 3 * 4096 - 8).map(Arc::new);
+        let checks = region.as_ref().map(|region| {
+            let within = region.clone().read(4, 100).expect("read");
+            let in_place = within.as_ptr() == region.memory.bytes()[4..].as_ptr();
+            let written = region.write(0, &[7, 8, 9]).map(|()| std::fs::read(&path).map(|b| b[8..12].to_vec()));
+            let before = region.intact();
+            // The object shrinks to its first page under the registered region: touching the rest faults, which
+            // the server survives, reading zeros, with the region marked as no longer the client's.
+            let shrunk = std::fs::OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(4096));
+            let past = region.clone().read(6000, 16).expect("read").to_vec();
+            let after = (region.intact(), region.write(6000, &[1]).is_ok(), region.intact());
+            (within, in_place, written, before, shrunk, past, after)
+        });
         std::fs::remove_file(&path).expect("remove the object");
-        let (within, empty) = read.expect("registered");
-        assert_eq!(within.expect("read"), bytes[12..112]);
-        assert_eq!(empty.expect("read"), Vec::<u8>::new());
+        let (within, in_place, written, before, shrunk, past, after) = checks.expect("registered");
+        assert!(in_place, "the bytes are the mapping's own");
+        assert_eq!(written.expect("written").expect("read back"), [7, 8, 9, bytes[11]]);
+        assert!(before);
         shrunk.expect("shrink");
-        assert_eq!(after.expect("registered"), Err(std::io::ErrorKind::UnexpectedEof));
+        assert_eq!(past, [0; 16]);
+        assert_eq!(after, (false, true, false));
+        // The whole mapping is the server's zeros now, the bytes read before it shrank included.
+        assert_eq!(within.to_vec(), vec![0; 100]);
     }
 }
