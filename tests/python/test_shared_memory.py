@@ -4,12 +4,14 @@ of the same request sent in the body), status, unregister; each mistake (an unkn
 its object, an offset past the end, a key that is a path, a span too small for the answer) refused as the client's
 (400 / INVALID_ARGUMENT) with what was wrong; regions unregistered and registered again while requests use them
 break none; an object that shrinks under its region fails that region's requests (400) and never the server; an
-output that overflows is refused before it reaches the region; the API key applies; /metrics counts the regions; off without --allow-client-shm; and perf_analyzer's
+output that overflows is refused before it reaches the region; a SIGBUS sent from outside still ends the server;
+the API key applies; /metrics counts the regions; off without --allow-client-shm; and perf_analyzer's
 `--shared-memory system` runs clean over both protocols."""
 
 import csv
 import os
 import re
+import signal
 import subprocess
 import threading
 import urllib.request
@@ -234,6 +236,23 @@ def test_an_output_that_overflows_is_refused_before_it_reaches_shared_memory(ser
     assert "output `logits` holds -inf" in e.value.message() and "finite numbers only" in e.value.message(), e.value
     assert (shm.get_contents_as_numpy(region_out, np.float32, [10]) == 7.0).all()
     client.unregister_system_shared_memory(headers=auth())
+
+
+def test_a_sigbus_sent_from_outside_still_ends_the_server(repository, regions):
+    """The handler that guards mapped regions takes the faults in them only: a SIGBUS that another process sends
+    ends the server, as SIGBUS does by default, once regions are mapped too."""
+    _, key = regions("signalled", 64)
+    proc, address, _ = launch_inferd(repository, "--allow-client-shm")
+    try:
+        client = httpclient.InferenceServerClient(address)
+        client.register_system_shared_memory("signalled", key, 64)
+        assert client.get_system_shared_memory_status()[0]["name"] == "signalled"
+        os.kill(proc.pid, signal.SIGBUS)
+        assert proc.wait(timeout=30) == -signal.SIGBUS
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_unregistering_while_requests_use_a_region_breaks_none(server, regions):

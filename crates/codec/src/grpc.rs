@@ -194,7 +194,7 @@ fn decode_input(
         if input.contents.is_some() {
             return Err(invalid("it is in shared memory, and has typed contents too".into()));
         }
-        let bytes = span.read().map_err(invalid)?;
+        let bytes = span.read_input(datatype).map_err(invalid)?;
         let tensor = decode_owned(datatype, shape, count, bytes, "its shared_memory_byte_size is").map_err(invalid)?;
         return Ok((tensor, elements));
     }

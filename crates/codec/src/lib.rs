@@ -23,7 +23,8 @@ pub struct Wanted {
     /// Written to this span of a registered region, not the answer.
     pub memory: Option<shm::Span>,
     /// Refused if it holds a NaN or infinity, found as it is written to `memory`: where the server refuses them
-    /// and nothing else scans this output (see [`inferd_core::Tensor::write_finite`]).
+    /// and nothing else scans this output (see [`inferd_core::Tensor::write_finite`]). The span then holds the
+    /// blocks written before the one with the first such number, and the outputs written before this one.
     pub finite: bool,
 }
 

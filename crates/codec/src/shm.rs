@@ -7,6 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use inferd_core::DataType;
 
 use super::{quoted, CodecError};
 
@@ -122,6 +123,19 @@ impl Span {
     pub fn read(&self) -> Result<Bytes, String> {
         self.intact()?;
         self.region.clone().read(self.offset, self.size).map_err(|e| self.failed("reading", &e))
+    }
+
+    /// The span's bytes as an input of `dtype` takes them: a floating-point one's in place where the region allows
+    /// (see [`Span::read`]), any other's copied. An engine checks an integer input (an index, a shape) before it uses
+    /// it, and read in place the client could change it in between; a float changed so only changes the answer.
+    pub fn read_input(&self, dtype: DataType) -> Result<Bytes, String> {
+        let bytes = self.read()?;
+        Ok(if dtype.is_float() { bytes } else { Bytes::copy_from_slice(&bytes) })
+    }
+
+    /// Whether an input of `dtype` is copied out of shared memory (see [`Span::read_input`]): work to decode.
+    pub fn copies(dtype: DataType) -> bool {
+        !dtype.is_float()
     }
 
     /// Refused where the region has lost memory that it had when registered (see [`Region::intact`]): what a

@@ -1,7 +1,6 @@
 //! inferd-onnx: the [`Engine`] on ONNX Runtime, loaded from a shared library at run time, with the CPU, CUDA
 //! and TensorRT execution providers.
 
-use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -9,8 +8,7 @@ use inferd_core::text::{
     contract_output, pool, splade, Contract, TextSettings, ATTENTION_MASK, INPUT_IDS, TOKEN_INPUTS,
 };
 use inferd_core::{
-    with_element_type, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Pooling, Precision, Result,
-    Tensor, TensorSpec,
+    DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Pooling, Precision, Result, Tensor, TensorSpec,
 };
 use ort::ep::{self, ExecutionProvider};
 use ort::session::{Session, SessionInputValue};
@@ -20,9 +18,11 @@ mod busy;
 mod graph;
 mod late;
 mod session;
+mod values;
 
 use crate::busy::{Busy, HeldFile, OpenWide};
 use crate::session::{fold_constants, open_session, runtime, tensorrt_fp16, Placement, SessionOptions};
+use crate::values::{from_ort, to_ort, Held};
 
 /// How ONNX models are loaded: the server's settings that are not in `model.toml`.
 #[derive(Debug, Clone)]
@@ -364,8 +364,15 @@ impl TextGraph {
 
     /// `contract`'s FP32 output from the graph's `value` of it: as it is, or reduced from per-token values with the
     /// attention mask (pooled, or SPLADE's largest weight per vocabulary entry).
-    fn serve(&self, contract: Contract, spec: &TensorSpec, value: DynValue, mask: &Tensor) -> Result<Tensor> {
-        let out = from_ort(spec, value)?;
+    fn serve(
+        &self,
+        contract: Contract,
+        spec: &TensorSpec,
+        value: DynValue,
+        session: &Held,
+        mask: &Tensor,
+    ) -> Result<Tensor> {
+        let out = from_ort(spec, value, session)?;
         let values = f32_values(&out)?;
         match (contract, out.shape()) {
             (Contract::Pooled, &[rows, seq, dim]) => {
@@ -395,56 +402,6 @@ fn graph_precision(inputs: &[TensorSpec], outputs: &[TensorSpec]) -> Precision {
         Some(DataType::Fp16) => Precision::Fp16,
         Some(DataType::Bf16) => Precision::Bf16,
         _ => Precision::Fp32,
-    }
-}
-
-/// A batch's tensor as a session's input: its own memory where ONNX Runtime can read the elements in place (aligned,
-/// little-endian), else a copy.
-fn to_ort(t: &Tensor) -> Result<SessionInputValue<'_>> {
-    let shape: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
-    let value = with_element_type!(t.dtype(), T => match t.as_slice::<T>() {
-        Some(elements) => ort::value::TensorRef::<T>::from_array_view((shape, elements)).map(SessionInputValue::from),
-        None => ort::value::Tensor::<T>::from_array((shape, t.to_vec::<T>()?)).map(|v| v.into_dyn().into()),
-    }, BYTES => {
-        let strings = t
-            .byte_strings()
-            .unwrap_or_default()
-            .iter()
-            .map(|b| String::from_utf8(b.clone()))
-            .collect::<std::result::Result<Vec<String>, _>>()
-            .map_err(|_| Error::InvalidInput("a BYTES element is not UTF-8, which ONNX strings must be".into()))?;
-        ort::value::Tensor::from_string_array((shape, strings.as_slice())).map(|v| v.into_dyn().into())
-    });
-    value.map_err(Error::engine)
-}
-
-/// A session's output as a tensor. A fixed-size one keeps the elements where ONNX Runtime wrote them, the value
-/// held for as long as the tensor's bytes are (split into a batch's requests, say): no copy of a large output.
-fn from_ort(spec: &TensorSpec, value: DynValue) -> Result<Tensor> {
-    let dims = |shape: &[i64]| shape.iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect::<Vec<usize>>();
-    with_element_type!(spec.datatype, T => {
-        let (shape, data) = value.try_extract_tensor::<T>().map_err(Error::engine)?;
-        let shape = dims(shape);
-        if cfg!(target_endian = "big") {
-            return Tensor::from_slice(shape, data);
-        }
-        Tensor::new(spec.datatype, shape, bytes::Bytes::from_owner(OrtBytes::<T> { value, element: PhantomData }))
-    }, BYTES => {
-        let (shape, strings) = value.try_extract_strings().map_err(Error::engine)?;
-        Tensor::from_byte_strings(dims(shape), strings.into_iter().map(String::into_bytes).collect())
-    })
-}
-
-/// A session output's elements as little-endian bytes, in place (on a little-endian machine).
-struct OrtBytes<T> {
-    value: DynValue,
-    element: PhantomData<T>,
-}
-
-impl<T: inferd_core::Element + ort::value::PrimitiveTensorElementType> AsRef<[u8]> for OrtBytes<T> {
-    fn as_ref(&self) -> &[u8] {
-        // `from_ort` extracted the value as `T` before it made this.
-        self.value.try_extract_tensor::<T>().map_or(&[], |(_, elements)| bytemuck::cast_slice(elements))
     }
 }
 
@@ -478,8 +435,9 @@ impl Engine for OnnxEngine {
         }
         self.on_session(|session, metadata, _| {
             let values = session_inputs(&metadata.inputs, inputs)?;
+            let held = session.inner();
             let mut outputs = session.run(values).map_err(run_error)?;
-            metadata.outputs.iter().map(|spec| from_ort(spec, output_of(&mut outputs, &spec.name)?)).collect()
+            metadata.outputs.iter().map(|spec| from_ort(spec, output_of(&mut outputs, &spec.name)?, &held)).collect()
         })
     }
 
@@ -491,8 +449,9 @@ impl Engine for OnnxEngine {
             let graph =
                 graph.ok_or_else(|| Error::Engine("a text contract without its graph: this is a bug".into()))?;
             let values = session_inputs(&metadata.inputs, inputs)?;
+            let held = session.inner();
             let mut outputs = session.run(values).map_err(run_error)?;
-            graph.serve(contract, &spec, output_of(&mut outputs, &spec.name)?, &inputs[graph.mask])
+            graph.serve(contract, &spec, output_of(&mut outputs, &spec.name)?, &held, &inputs[graph.mask])
         })
     }
 }

@@ -226,7 +226,7 @@ fn decode_input(
         if datatype != spec.datatype {
             return Err(invalid(format!("the model takes {}, got {datatype}", spec.datatype)));
         }
-        let bytes = span.read().map_err(invalid)?;
+        let bytes = span.read_input(datatype).map_err(invalid)?;
         let tensor = decode_owned(datatype, shape, count, bytes, "its shared_memory_byte_size is").map_err(invalid)?;
         return Ok((tensor, elements, Some(span)));
     }

@@ -20,11 +20,13 @@ use super::{deadline_of, Deadline};
 use crate::budget::Hold;
 use crate::codec::grpc::proto::*;
 use crate::codec::grpc::{decode_infer, encode_infer};
+use crate::codec::shm;
 use crate::codec::v2::models as v2;
 use crate::error::{AppError, ErrorKind};
 use crate::metrics::Protocol;
 use crate::ops::infer::{
-    classify_outputs, deadline_in, decode, encode, infer, scan_outputs_on_write, OutputsScannedOnWrite,
+    classify_outputs, copies_shared_memory, deadline_in, decode, decode_bytes, encode, infer, scan_outputs_on_write,
+    OutputsScannedOnWrite,
 };
 use crate::ops::models;
 use crate::ops::repository;
@@ -301,7 +303,10 @@ async fn infer_one(
     };
     let limits = *state.limits();
     let regions = state.shared_memory().clone();
-    // An input in shared memory is read in place: decoding it is no work.
+    let copies = copies_shared_memory(&model, || {
+        request.inputs.iter().any(|i| i.parameters.contains_key(shm::REGION_PARAMETER))
+    });
+    let len = decode_bytes(len, copies);
     let mut call = decode(&model, len, move |meta| decode_infer(request, meta, &limits, &*regions)).await?;
     let deadline = [call.timeout.and_then(deadline_in), deadline.map(|d| d.0)].into_iter().flatten().min();
     let mut request = InferRequest::new(Input::Tensors(call.inputs)).with_deadline(deadline);

@@ -14,6 +14,7 @@ use inferd_core::{ModelMetadata, Tensor, TensorSpec};
 use inferd_models::{Answer, Input, LoadedModel, Request, Service, TaskError, Texts};
 
 use crate::budget::{Hold, Metered};
+use crate::codec::shm::Span;
 use crate::codec::{quoted, CodecError, Wanted};
 use crate::error::{AppError, ErrorKind};
 use crate::state::AppState;
@@ -55,6 +56,23 @@ impl Served {
             headers.insert(name, HeaderValue::from(u64::try_from(value).unwrap_or(u64::MAX)));
         }
         headers
+    }
+}
+
+/// Whether decoding a request for `model` may copy an input out of shared memory, which is work for [`decode`] to do
+/// off the runtime however small the body: where the model takes an input that is not floating-point (see
+/// `Span::read_input`) and `names_a_region` says the request may name a region. Floats are read in place.
+pub fn copies_shared_memory(model: &LoadedModel, names_a_region: impl FnOnce() -> bool) -> bool {
+    model.metadata().inputs.iter().any(|s| Span::copies(s.datatype)) && names_a_region()
+}
+
+/// The work a decode does, in bytes, for [`decode`]: the body's `len`, or where it copies an input out of shared
+/// memory ([`copies_shared_memory`]), at least enough to leave the runtime.
+pub fn decode_bytes(len: usize, copies_shared_memory: bool) -> usize {
+    if copies_shared_memory {
+        len.max(INLINE_WORK_BYTES + 1)
+    } else {
+        len
     }
 }
 

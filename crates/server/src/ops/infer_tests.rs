@@ -116,3 +116,31 @@ async fn large_work_runs_no_more_pieces_at_once_than_there_are_cores() {
         most.load(Ordering::SeqCst)
     );
 }
+
+#[test]
+fn outputs_are_scanned_as_they_are_written_only_where_nothing_else_would_scan_them() {
+    use crate::codec::shm::{MemoryRegion, MemoryRegions, Span, SpanParameters};
+    let regions = MemoryRegions(vec![("r".into(), MemoryRegion::new(vec![0; 64]))]);
+    let span = |size| {
+        let given = SpanParameters { region: Some("r"), byte_size: Some(size), offset: None };
+        Span::of(given, &regions, "output `y`").expect("fits")
+    };
+    let wanted = |memory| vec![Wanted { index: 0, binary: true, memory, finite: false }];
+    let (_repo, state, model) = setup(&[]);
+    // The echo model's one output, in shared memory: scanned as it is written.
+    let mut outputs = wanted(span(16));
+    assert!(scan_outputs_on_write(&state, &model, &mut outputs, &[]));
+    assert!(outputs[0].finite);
+    // In the answer, or asked as classes: scanned after the engine, as ever.
+    for (mut outputs, classes) in [(wanted(None), vec![]), (wanted(span(16)), vec![(0, 1)])] {
+        assert!(!scan_outputs_on_write(&state, &model, &mut outputs, &classes));
+        assert!(!outputs[0].finite);
+    }
+    // Not asked at all (an engine output the client left out): scanned after the engine.
+    assert!(!scan_outputs_on_write(&state, &model, &mut [], &[]));
+    // Non-finite numbers allowed: scanned nowhere.
+    let (_repo, lenient, model) = setup(&["--allow-non-finite"]);
+    let mut outputs = wanted(span(16));
+    assert!(!scan_outputs_on_write(&lenient, &model, &mut outputs, &[]));
+    assert!(!outputs[0].finite);
+}

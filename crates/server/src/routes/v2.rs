@@ -13,13 +13,15 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::optional_json;
+use crate::codec::shm::REGION_PARAMETER;
 use crate::codec::v2::models::{
     TritonModelConfig, V2IndexEntry, V2IndexRequest, V2LoadRequest, V2ModelMetadata, V2ServerMetadata, V2Statistics,
 };
 use crate::codec::v2::{decode_infer, encode_infer, V2InferRequest, V2InferResponse, JSON_LENGTH_HEADER};
 use crate::error::{body_error, AppError, ErrorBody, InferErrors};
 use crate::ops::infer::{
-    classify_outputs, deadline_in, decode, encode, infer, scan_outputs_on_write, OutputsScannedOnWrite,
+    classify_outputs, copies_shared_memory, deadline_in, decode, decode_bytes, encode, infer, scan_outputs_on_write,
+    OutputsScannedOnWrite,
 };
 use crate::ops::models;
 use crate::ops::repository;
@@ -222,9 +224,12 @@ async fn run_infer(
     let body = body.map_err(body_error)?;
     let limits = *state.limits();
     let regions = state.shared_memory().clone();
-    // An input in shared memory is read in place: decoding it is no work.
-    let mut call =
-        decode(&model, body.len(), move |meta| decode_infer(&body, json_length, meta, &limits, &*regions)).await?;
+    let json = &body[..json_length.unwrap_or(body.len()).min(body.len())];
+    let copies = copies_shared_memory(&model, || {
+        regions.in_use() && json.windows(REGION_PARAMETER.len()).any(|w| w == REGION_PARAMETER.as_bytes())
+    });
+    let len = decode_bytes(body.len(), copies);
+    let mut call = decode(&model, len, move |meta| decode_infer(&body, json_length, meta, &limits, &*regions)).await?;
     let mut request = Request::new(Input::Tensors(call.inputs)).with_deadline(call.timeout.and_then(deadline_in));
     if scan_outputs_on_write(state, &model, &mut call.outputs, &call.classification) {
         request = request.with(OutputsScannedOnWrite);

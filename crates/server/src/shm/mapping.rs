@@ -7,7 +7,8 @@
 //! later one, then completes against those), and marks the mapping broken. The request that touched it fails, as
 //! does every later one that names the region, until the client registers it again. A fault in no such mapping goes
 //! to the handler that was there before (Rust's own, for stack overflows), or to the default action, as if this
-//! handler were not there. Wayland compositors guard their clients' shared-memory pools the same way.
+//! handler were not there; a SIGBUS sent by another process ends this one, as SIGBUS does by default. Wayland
+//! compositors guard their clients' shared-memory pools the same way.
 //!
 //! The handler reads the mappings from a fixed table without a lock (a signal handler may take none); each entry is a
 //! sequence lock, changed only when a mapping is made or dropped.
@@ -88,17 +89,18 @@ impl Mapping {
         if offset.checked_add(bytes.len()).is_none_or(|end| end > self.len) {
             return Err(io::Error::other("past the end of the region"));
         }
-        // SAFETY: within the mapping, checked above; `bytes` is the server's own memory, not the mapping's.
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.as_ptr().add(self.start + offset), bytes.len())
-        };
+        // SAFETY: within the mapping, checked above. `bytes` may be this very region (an input read in place that an
+        // engine gave back as it is, to a span that overlaps it): `copy` allows for that.
+        unsafe { std::ptr::copy(bytes.as_ptr(), self.base.as_ptr().add(self.start + offset), bytes.len()) };
         Ok(())
     }
 
     /// Whether every access so far reached the client's object: `false` once a fault found it shorter than the
     /// mapping, and for the rest of the mapping's life.
     pub fn intact(&self) -> bool {
-        !SLOTS[self.slot].broken.load(Ordering::Acquire)
+        // The handler marks a mapping before it puts zero pages over it: whoever read or wrote those pages finds the
+        // mark afterwards.
+        !SLOTS[self.slot].broken.load(Ordering::SeqCst)
     }
 }
 
@@ -173,7 +175,7 @@ fn claim(start: usize, len: usize) -> Option<usize> {
         .iter()
         .position(|s| s.claimed.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_ok())?;
     let slot = &SLOTS[index];
-    slot.broken.store(false, Ordering::Release);
+    slot.broken.store(false, Ordering::SeqCst);
     slot.set(start, len);
     Some(index)
 }
@@ -190,15 +192,20 @@ fn install_handler() -> io::Result<()> {
     let failed = *INSTALLED.get_or_init(|| {
         // SAFETY: sigaction structures are plain data, for which all zeros is a valid (empty) value.
         let (mut action, mut previous): (libc::sigaction, libc::sigaction) = unsafe { std::mem::zeroed() };
+        // The action before this one is kept before this one is installed, so that no fault finds it missing.
+        // SAFETY: a sigaction structure of this frame, written by the call; the action is not changed.
+        if unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut previous) } != 0 {
+            return io::Error::last_os_error().raw_os_error().or(Some(0));
+        }
+        let _ = PREVIOUS.set(previous);
         action.sa_sigaction = on_sigbus as *const () as usize;
         action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
         // SAFETY: both point to sigaction structures of this frame.
         if unsafe { libc::sigemptyset(&mut action.sa_mask) } != 0
-            || unsafe { libc::sigaction(libc::SIGBUS, &action, &mut previous) } != 0
+            || unsafe { libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut()) } != 0
         {
             return io::Error::last_os_error().raw_os_error().or(Some(0));
         }
-        let _ = PREVIOUS.set(previous);
         None
     });
     match failed {
@@ -210,14 +217,17 @@ fn install_handler() -> io::Result<()> {
 /// The SIGBUS handler: see the module's description. Async-signal-safe: atomics and system calls only.
 extern "C" fn on_sigbus(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
-    let address = unsafe { (*info).si_addr() } as usize;
+    let (code, address) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
     // SAFETY: the calling thread's errno, which mmap may change and the interrupted code must find as it left it.
     let errno = unsafe { *libc::__errno_location() };
-    for slot in &SLOTS {
+    // Only a fault the kernel raised (a code above 0) has an address to look up; a SIGBUS sent by `kill` does not.
+    for slot in SLOTS.iter().filter(|_| code > 0) {
         let Some((start, len)) = slot.span() else { continue };
         if address < start || address - start >= len {
             continue;
         }
+        // Marked first: a request that reads or writes the zero pages finds the mark when it asks (`intact`).
+        slot.broken.store(true, Ordering::SeqCst);
         // SAFETY: replaces the pages of a mapping this module made, which stays in the table until unmapped, with
         // zero pages of the same length: every reference into it stays valid.
         let zeros = unsafe {
@@ -231,15 +241,17 @@ extern "C" fn on_sigbus(signal: libc::c_int, info: *mut libc::siginfo_t, context
             )
         };
         if zeros != libc::MAP_FAILED {
-            slot.broken.store(true, Ordering::Release);
             // SAFETY: as above.
             unsafe { *libc::__errno_location() = errno };
             return;
         }
+        // The mapping stays marked: it could not be mended, and the process ends below.
         break;
     }
-    // Not a mapping of ours (or it could not be mended): as if this handler were not there.
-    let previous = PREVIOUS.get().filter(|p| p.sa_sigaction != libc::SIG_DFL && p.sa_sigaction != libc::SIG_IGN);
+    // Not a fault in a mapping of ours (or one that could not be mended): a fault goes to the handler that was there
+    // before, as if this one were not; a SIGBUS that was sent ends the process, SIGBUS's default action.
+    let previous =
+        PREVIOUS.get().filter(|p| code > 0 && p.sa_sigaction != libc::SIG_DFL && p.sa_sigaction != libc::SIG_IGN);
     match previous {
         Some(p) if p.sa_flags & libc::SA_SIGINFO != 0 => {
             // SAFETY: an SA_SIGINFO action's handler has this signature.
@@ -253,12 +265,18 @@ extern "C" fn on_sigbus(signal: libc::c_int, info: *mut libc::siginfo_t, context
             handler(signal);
         }
         None => {
-            // The default action, which the fault meets again on return: the process ends as it would have.
+            // The default action, which a fault meets again on return: the process ends as it would have. A signal
+            // that was sent is raised again, to be delivered once this handler returns.
             // SAFETY: as in `install_handler`.
             let mut default: libc::sigaction = unsafe { std::mem::zeroed() };
             default.sa_sigaction = libc::SIG_DFL;
-            // SAFETY: a sigaction structure of this frame.
-            unsafe { libc::sigaction(libc::SIGBUS, &default, std::ptr::null_mut()) };
+            // SAFETY: a sigaction structure of this frame; `raise` is async-signal-safe.
+            unsafe {
+                libc::sigaction(libc::SIGBUS, &default, std::ptr::null_mut());
+                if code <= 0 {
+                    libc::raise(signal);
+                }
+            }
         }
     }
 }

@@ -63,6 +63,11 @@ impl SharedMemory {
         self.regions.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether any region is registered: requests name none otherwise.
+    pub fn in_use(&self) -> bool {
+        !self.regions().is_empty()
+    }
+
     /// Registers `byte_size` bytes at `offset` in the object `key` as region `name`. Opens the object: off the async
     /// runtime.
     pub async fn register(
@@ -106,11 +111,13 @@ impl SharedMemory {
     /// Unregisters region `name`, or every region: a name not registered is no error, as in Triton. Requests that
     /// hold a region keep it until they end.
     pub fn unregister(&self, name: Option<&str>) {
-        match name {
-            Some(name) => drop(self.regions().remove(name)),
-            None => self.regions().clear(),
-        }
+        // Taken out under the lock, unmapped (where no request holds them) after it.
+        let removed: Vec<Arc<SystemRegion>> = match name {
+            Some(name) => self.regions().remove(name).into_iter().collect(),
+            None => std::mem::take(&mut *self.regions()).into_values().collect(),
+        };
         self.count();
+        drop(removed);
     }
 
     /// Region `name`'s status, or every region's: refused for a name not registered.
