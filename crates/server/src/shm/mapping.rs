@@ -67,13 +67,13 @@ impl Mapping {
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let Some(slot) = claim(base as usize, mapped) else {
+        let claimed = NonNull::new(base.cast()).and_then(|mapping| Some((mapping, claim(base as usize, mapped)?)));
+        let Some((mapping, slot)) = claimed else {
             // SAFETY: the mapping just made, which nothing has seen.
             unsafe { libc::munmap(base, mapped) };
             return Err(io::Error::other(format!("at most {MAX_MAPPINGS} shared memory regions are mapped at once")));
         };
-        let base = NonNull::new(base.cast()).ok_or_else(|| io::Error::other("mapped at address 0"))?;
-        Ok(Mapping { base, mapped, start, len, slot })
+        Ok(Mapping { base: mapping, mapped, start, len, slot })
     }
 
     /// The region's bytes. The client may change them while they are read: a client's requests must leave their
