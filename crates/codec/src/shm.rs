@@ -130,7 +130,7 @@ impl Span {
     /// it, and read in place the client could change it in between; a float changed so only changes the answer.
     pub fn read_input(&self, dtype: DataType) -> Result<Bytes, String> {
         let bytes = self.read()?;
-        Ok(if dtype.is_float() { bytes } else { Bytes::copy_from_slice(&bytes) })
+        Ok(if Span::copies(dtype) { Bytes::copy_from_slice(&bytes) } else { bytes })
     }
 
     /// Whether an input of `dtype` is copied out of shared memory (see [`Span::read_input`]): work to decode.

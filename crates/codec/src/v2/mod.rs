@@ -387,13 +387,13 @@ pub struct V2BinaryOutput {
 pub(crate) fn write_to(span: &Span, t: &Tensor, name: &str, finite: bool) -> Result<(), CodecError> {
     let written = match t.raw_bytes() {
         Some(bytes) if finite => {
-            span.fits(bytes.len()).map_err(|m| CodecError::Invalid(format!("output `{}`: {m}", quoted(name))))?;
-            let found = t.write_finite(|offset, block| span.write_at(offset, block));
-            if let Ok(Some((index, value))) = found {
+            match span.fits(bytes.len()).and_then(|()| t.write_finite(|offset, block| span.write_at(offset, block))) {
                 // The engine's output: the server's fault, as when it is scanned after the engine.
-                return Err(CodecError::Answer(crate::non_finite("output", name, index, value)));
+                Ok(Some((index, value))) => {
+                    return Err(CodecError::Answer(crate::non_finite("output", name, index, value)))
+                }
+                written => written.and_then(|_| span.intact()),
             }
-            found.and_then(|_| span.intact())
         }
         Some(bytes) => span.write(bytes),
         None => {

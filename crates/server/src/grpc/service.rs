@@ -24,10 +24,7 @@ use crate::codec::shm;
 use crate::codec::v2::models as v2;
 use crate::error::{AppError, ErrorKind};
 use crate::metrics::Protocol;
-use crate::ops::infer::{
-    classify_outputs, copies_shared_memory, deadline_in, decode, decode_bytes, encode, infer, scan_outputs_on_write,
-    OutputsScannedOnWrite,
-};
+use crate::ops::infer::{classify_outputs, deadline_in, decode, decode_bytes, encode, infer, scan_outputs_on_write};
 use crate::ops::models;
 use crate::ops::repository;
 use crate::registry::ModelEntry;
@@ -303,16 +300,12 @@ async fn infer_one(
     };
     let limits = *state.limits();
     let regions = state.shared_memory().clone();
-    let copies = copies_shared_memory(&model, || {
-        request.inputs.iter().any(|i| i.parameters.contains_key(shm::REGION_PARAMETER))
-    });
-    let len = decode_bytes(len, copies);
+    let len =
+        decode_bytes(&model, len, || request.inputs.iter().any(|i| i.parameters.contains_key(shm::REGION_PARAMETER)));
     let mut call = decode(&model, len, move |meta| decode_infer(request, meta, &limits, &*regions)).await?;
     let deadline = [call.timeout.and_then(deadline_in), deadline.map(|d| d.0)].into_iter().flatten().min();
-    let mut request = InferRequest::new(Input::Tensors(call.inputs)).with_deadline(deadline);
-    if scan_outputs_on_write(state, &model, &mut call.outputs, &call.classification) {
-        request = request.with(OutputsScannedOnWrite);
-    }
+    let request = InferRequest::new(Input::Tensors(call.inputs)).with_deadline(deadline);
+    let request = scan_outputs_on_write(state, &model, request, &mut call.outputs, &call.classification);
     let request = crate::ops::text::with_dimensions(&model, request, call.dimensions)?;
     let served = infer(state, &model, request, &hold).await?;
     let (id, selection, classification, read) = (call.id, call.outputs, call.classification, call.input_memory);

@@ -59,17 +59,12 @@ impl Served {
     }
 }
 
-/// Whether decoding a request for `model` may copy an input out of shared memory, which is work for [`decode`] to do
-/// off the runtime however small the body: where the model takes an input that is not floating-point (see
-/// `Span::read_input`) and `names_a_region` says the request may name a region. Floats are read in place.
-pub fn copies_shared_memory(model: &LoadedModel, names_a_region: impl FnOnce() -> bool) -> bool {
-    model.metadata().inputs.iter().any(|s| Span::copies(s.datatype)) && names_a_region()
-}
-
-/// The work a decode does, in bytes, for [`decode`]: the body's `len`, or where it copies an input out of shared
-/// memory ([`copies_shared_memory`]), at least enough to leave the runtime.
-pub fn decode_bytes(len: usize, copies_shared_memory: bool) -> usize {
-    if copies_shared_memory {
+/// The work a decode of a `len`-byte body for `model` does, in bytes, for [`decode`]: `len`, or at least enough to
+/// leave the runtime where the decode may copy an input out of shared memory. That is where the model takes an input
+/// that is not floating-point (see `Span::read_input`: floats are read in place) and `names_a_region` says the
+/// request may name a region.
+pub fn decode_bytes(model: &LoadedModel, len: usize, names_a_region: impl FnOnce() -> bool) -> usize {
+    if model.metadata().inputs.iter().any(|s| Span::copies(s.datatype)) && names_a_region() {
         len.max(INLINE_WORK_BYTES + 1)
     } else {
         len
@@ -126,26 +121,29 @@ pub async fn encode<T: Send + 'static>(
 /// memory, so [`infer`] does not scan them first (see [`scan_outputs_on_write`]).
 pub struct OutputsScannedOnWrite;
 
-/// Whether the answer's encoder can scan `model`'s outputs for NaN and infinity as it writes them to shared memory,
-/// instead of [`infer`]'s scan after the engine, which would read each output once more: the server refuses them,
-/// the model's outputs are its engine's as they are (the tensors task), and every output is asked in shared memory,
-/// none as classes. Then `wanted` is marked to be scanned, and the request needs [`OutputsScannedOnWrite`].
+/// `request`, for an answer whose encoder scans `model`'s outputs for NaN and infinity as it writes them to shared
+/// memory, instead of [`infer`]'s scan after the engine, which would read each output once more. It can where the
+/// server refuses them, the model's outputs are its engine's as they are (the tensors task), and every output is
+/// asked in shared memory, none as classes: then `wanted` is marked to be scanned, and the request says so with
+/// [`OutputsScannedOnWrite`]. Else both are as they were.
 pub fn scan_outputs_on_write(
     state: &AppState,
     model: &LoadedModel,
+    request: Request,
     wanted: &mut [Wanted],
     classification: &[(usize, usize)],
-) -> bool {
+) -> Request {
     let in_memory = |i: usize| {
         wanted.iter().any(|w| w.index == i && w.memory.is_some()) && classification.iter().all(|&(c, _)| c != i)
     };
     let can = !state.allow_non_finite()
         && model.task.service() == Service::Tensors
         && (0..model.metadata().outputs.len()).all(in_memory);
-    if can {
-        wanted.iter_mut().for_each(|w| w.finite = true);
+    if !can {
+        return request;
     }
-    can
+    wanted.iter_mut().for_each(|w| w.finite = true);
+    request.with(OutputsScannedOnWrite)
 }
 
 /// Runs `request` on `model`: the task's step before the batcher, the batcher, the task's step after it. The

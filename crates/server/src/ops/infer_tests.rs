@@ -126,21 +126,26 @@ fn outputs_are_scanned_as_they_are_written_only_where_nothing_else_would_scan_th
         Span::of(given, &regions, "output `y`").expect("fits")
     };
     let wanted = |memory| vec![Wanted { index: 0, binary: true, memory, finite: false }];
+    // Whether the request came back marked to skip the scan after the engine.
+    let marked = |state: &AppState, model: &LoadedModel, outputs: &mut [Wanted], classes: &[(usize, usize)]| {
+        let request = scan_outputs_on_write(state, model, rows(&[1.0, 2.0]), outputs, classes);
+        request.options.get::<OutputsScannedOnWrite>().is_some()
+    };
     let (_repo, state, model) = setup(&[]);
     // The echo model's one output, in shared memory: scanned as it is written.
     let mut outputs = wanted(span(16));
-    assert!(scan_outputs_on_write(&state, &model, &mut outputs, &[]));
+    assert!(marked(&state, &model, &mut outputs, &[]));
     assert!(outputs[0].finite);
     // In the answer, or asked as classes: scanned after the engine, as ever.
     for (mut outputs, classes) in [(wanted(None), vec![]), (wanted(span(16)), vec![(0, 1)])] {
-        assert!(!scan_outputs_on_write(&state, &model, &mut outputs, &classes));
+        assert!(!marked(&state, &model, &mut outputs, &classes));
         assert!(!outputs[0].finite);
     }
     // Not asked at all (an engine output the client left out): scanned after the engine.
-    assert!(!scan_outputs_on_write(&state, &model, &mut [], &[]));
+    assert!(!marked(&state, &model, &mut [], &[]));
     // Non-finite numbers allowed: scanned nowhere.
     let (_repo, lenient, model) = setup(&["--allow-non-finite"]);
     let mut outputs = wanted(span(16));
-    assert!(!scan_outputs_on_write(&lenient, &model, &mut outputs, &[]));
+    assert!(!marked(&lenient, &model, &mut outputs, &[]));
     assert!(!outputs[0].finite);
 }

@@ -19,10 +19,7 @@ use crate::codec::v2::models::{
 };
 use crate::codec::v2::{decode_infer, encode_infer, V2InferRequest, V2InferResponse, JSON_LENGTH_HEADER};
 use crate::error::{body_error, AppError, ErrorBody, InferErrors};
-use crate::ops::infer::{
-    classify_outputs, copies_shared_memory, deadline_in, decode, decode_bytes, encode, infer, scan_outputs_on_write,
-    OutputsScannedOnWrite,
-};
+use crate::ops::infer::{classify_outputs, deadline_in, decode, decode_bytes, encode, infer, scan_outputs_on_write};
 use crate::ops::models;
 use crate::ops::repository;
 use crate::request::{InflightHold, RoutedModel};
@@ -225,15 +222,12 @@ async fn run_infer(
     let limits = *state.limits();
     let regions = state.shared_memory().clone();
     let json = &body[..json_length.unwrap_or(body.len()).min(body.len())];
-    let copies = copies_shared_memory(&model, || {
+    let len = decode_bytes(&model, body.len(), || {
         regions.in_use() && json.windows(REGION_PARAMETER.len()).any(|w| w == REGION_PARAMETER.as_bytes())
     });
-    let len = decode_bytes(body.len(), copies);
     let mut call = decode(&model, len, move |meta| decode_infer(&body, json_length, meta, &limits, &*regions)).await?;
-    let mut request = Request::new(Input::Tensors(call.inputs)).with_deadline(call.timeout.and_then(deadline_in));
-    if scan_outputs_on_write(state, &model, &mut call.outputs, &call.classification) {
-        request = request.with(OutputsScannedOnWrite);
-    }
+    let request = Request::new(Input::Tensors(call.inputs)).with_deadline(call.timeout.and_then(deadline_in));
+    let request = scan_outputs_on_write(state, &model, request, &mut call.outputs, &call.classification);
     let request = crate::ops::text::with_dimensions(&model, request, call.dimensions)?;
     let served = infer(state, &model, request, &hold).await?;
     let mut headers = served.headers();
