@@ -118,6 +118,9 @@ struct Observed {
     idle: Mutex<Vec<String>>,
     /// The thread that ran each batch, in order.
     threads: Mutex<Vec<String>>,
+    /// How long each answer takes to give: a stand-in for a busy machine, where waking the request's task may
+    /// hand the core to another thread mid-answer.
+    answering: Mutex<Duration>,
 }
 
 impl BatchObserver for Observed {
@@ -132,6 +135,11 @@ impl BatchObserver for Observed {
     fn batch_done(&self, run: &BatchRun) {
         self.batches.lock().expect("observed").push((run.rows, run.ok));
         self.threads.lock().expect("observed").push(thread_name());
+    }
+
+    fn request_answered(&self, _rows: usize, _elapsed: Duration, _ok: bool) {
+        let answering = *self.answering.lock().expect("observed");
+        std::thread::sleep(answering);
     }
 
     fn tokens_batched(&self, real: usize, padded: usize) {

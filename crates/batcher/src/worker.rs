@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use inferd_core::text::Contract;
 use inferd_core::{DataType, Engine, Tensor};
@@ -79,7 +79,9 @@ impl Worker {
         self.observer.worker_idle();
     }
 
-    /// Runs `batch`, unless every request in it is dead; tells the queue how long it took.
+    /// Runs `batch`, unless every request in it is dead; tells the queue how long its engine runs took. Answering is
+    /// left out: it wakes the requests' tasks, and on a busy machine a woken thread may take the core mid-answer, which
+    /// would count as the batch's and keep lone requests from running inline after it.
     pub(crate) fn run_batch(&mut self, mut batch: Vec<Pending>) {
         let started = Instant::now();
         drop_dead_requests(&mut batch, started);
@@ -96,17 +98,17 @@ impl Worker {
         for p in &batch {
             self.observer.request_started(started.saturating_duration_since(p.enqueued_at));
         }
-        self.run_isolating(batch, started);
-        let ended = Instant::now();
-        self.last_batch = Some(ended);
-        self.queue.batch_took(ended - started, rows);
+        let took = self.run_isolating(batch, started);
+        self.last_batch = Some(Instant::now());
+        self.queue.batch_took(took, rows);
     }
 
     /// Runs `batch` and answers its requests. A batch that fails while holding more than one request runs again
     /// in halves, and those in halves, so that only the requests that make the engine fail (an input it refuses,
     /// a panic) get its error, and the others their outputs: a poisoned request costs about 2·log2(n) runs of
-    /// smaller batches, never its neighbours' answers.
-    fn run_isolating(&mut self, mut batch: Vec<Pending>, started: Instant) {
+    /// smaller batches, never its neighbours' answers. Returns the time its engine runs took: inputs joined, the run,
+    /// outputs split, summed over the halves.
+    fn run_isolating(&mut self, mut batch: Vec<Pending>, started: Instant) -> Duration {
         let ran = Instant::now();
         let rows: usize = batch.iter().map(|p| p.rows).sum();
         let result = self.execute(&batch);
@@ -127,6 +129,7 @@ impl Worker {
                     self.observer.request_answered(p.rows, p.enqueued_at.elapsed(), true);
                     let _ = p.reply.send(Ok(InferResponse { outputs, batch_rows: rows, queue_time, compute_time }));
                 }
+                compute_time
             }
             Err(error) if batch.len() == 1 => {
                 for p in batch {
@@ -134,6 +137,7 @@ impl Worker {
                     self.observer.request_answered(p.rows, p.enqueued_at.elapsed(), false);
                     let _ = p.reply.send(Err(error.clone()));
                 }
+                compute_time
             }
             Err(error) => {
                 tracing::warn!(
@@ -145,15 +149,15 @@ impl Worker {
                 );
                 // Requests whose client has gone are not run again.
                 batch.retain(|p| !p.abandoned());
-                if batch.len() < 2 {
-                    if !batch.is_empty() {
-                        self.run_isolating(batch, started);
+                compute_time
+                    + match batch.len() {
+                        0 => Duration::ZERO,
+                        1 => self.run_isolating(batch, started),
+                        n => {
+                            let second = batch.split_off(n / 2);
+                            self.run_isolating(batch, started) + self.run_isolating(second, started)
+                        }
                     }
-                    return;
-                }
-                let second = batch.split_off(batch.len() / 2);
-                self.run_isolating(batch, started);
-                self.run_isolating(second, started);
             }
         }
     }

@@ -53,6 +53,19 @@ async fn a_slow_models_requests_all_go_to_its_worker() {
 }
 
 #[tokio::test]
+async fn answering_is_not_counted_in_a_batchs_time() {
+    let f = fixture(quick(), true);
+    // Each answer takes 5 ms to give, five times the limit; the runs themselves take microseconds.
+    *f.observed.answering.lock().expect("observed") = Duration::from_millis(5);
+    for value in [1.0, 2.0, 3.0] {
+        f.batcher.infer(rows(&[value], 1)).await.expect("answered");
+        worker_waits(&f).await;
+    }
+    let here = thread_name();
+    assert_eq!(threads(&f), vec![WORKER.to_owned(), here.clone(), here], "a slow answer made the batches look slow");
+}
+
+#[tokio::test]
 async fn a_request_of_many_rows_goes_to_the_worker() {
     let f = fixture(BatchingConfig { max_batch_size: 4096, ..quick() }, true);
     for _ in 0..2 {
