@@ -7,12 +7,13 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use bytes::Bytes;
 use inferd_core::{DataType, ModelMetadata, Tensor, TensorSpec};
 
 use super::shm::{
     inputs_intact, Regions, Span, SpanParameters, BYTE_SIZE_PARAMETER, OFFSET_PARAMETER, REGION_PARAMETER,
 };
-use super::v2::{binary_form, binary_size, decode_owned, write_to, InputHead};
+use super::v2::{binary_bytes, decode_owned, write_to, InputHead};
 use super::{given_inputs, names, quoted, CodecError, Limits, Wanted};
 
 /// The messages and the service's types, generated from `proto/inference.proto`.
@@ -177,7 +178,7 @@ fn microseconds(parameter: &InferParameter) -> Result<u64, CodecError> {
 /// and the request's elements so far, `elements_before` included.
 fn decode_input(
     input: InferInputTensor,
-    raw: Option<Vec<u8>>,
+    raw: Option<Bytes>,
     span: Option<&Span>,
     spec: &TensorSpec,
     limits: &Limits,
@@ -199,7 +200,7 @@ fn decode_input(
         return Ok((tensor, elements));
     }
     let tensor = match (raw, input.contents) {
-        (Some(bytes), None) => decode_owned(datatype, shape, count, bytes.into(), "its raw contents are"),
+        (Some(bytes), None) => decode_owned(datatype, shape, count, bytes, "its raw contents are"),
         (None, Some(contents)) => decode_contents(datatype, shape, count, contents),
         (Some(_), Some(_)) => Err("it has typed contents, and the request raw_input_contents too".to_owned()),
         (None, None) => Err("it has no contents, and the request no raw_input_contents".to_owned()),
@@ -293,13 +294,14 @@ pub fn encode_infer(
     };
     for wanted in selection {
         let (t, spec) = wanted.of(outputs, meta)?;
-        let mut bytes = Vec::new();
-        if let Some(span) = &wanted.memory {
-            write_to(span, t, &spec.name, wanted.finite)?;
-        } else {
-            bytes.reserve_exact(binary_size(t));
-            binary_form(t, &mut bytes);
-        }
+        // A fixed-size output's entry shares the tensor's bytes: encoding the message is their one copy.
+        let bytes = match &wanted.memory {
+            Some(span) => {
+                write_to(span, t, &spec.name, wanted.finite)?;
+                Bytes::new()
+            }
+            None => binary_bytes(t),
+        };
         response.outputs.push(InferOutputTensor {
             name: spec.name.clone(),
             datatype: t.dtype().as_str().to_owned(),

@@ -30,7 +30,8 @@ fn request(raw: bool) -> ModelInferRequest {
             strings.extend_from_slice(&(e.len() as u32).to_le_bytes());
             strings.extend_from_slice(e);
         }
-        request.raw_input_contents = vec![strings, x.iter().flat_map(|v| v.to_le_bytes()).collect()];
+        let floats: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        request.raw_input_contents = vec![strings.into(), floats.into()];
     } else {
         let strings =
             InferTensorContents { bytes_contents: s.iter().map(|e| e.to_vec()).collect(), ..Default::default() };
@@ -60,7 +61,7 @@ fn the_requests_mistakes_are_named() {
     r.raw_input_contents.pop();
     assert!(error(r).contains("2 inputs outside shared memory but 1 raw_input_contents"));
     let mut r = request(true);
-    r.raw_input_contents[1].pop();
+    r.raw_input_contents[1].truncate(15);
     assert!(
         error(r).contains("input `x`: its raw contents are 15 bytes, but FP32 [2, 2] needs 16"),
         "{}",
@@ -146,8 +147,34 @@ fn answers_carry_one_raw_entry_per_selected_output() {
     let names: Vec<_> =
         response.outputs.iter().map(|o| (o.name.as_str(), o.datatype.as_str(), o.shape.clone())).collect();
     assert_eq!(names, [("n", "INT64", vec![1]), ("y", "FP16", vec![1, 2])]);
-    assert_eq!(response.raw_output_contents[0], 7i64.to_le_bytes());
+    assert_eq!(response.raw_output_contents[0][..], 7i64.to_le_bytes());
     assert_eq!(response.raw_output_contents[1].len(), 4);
     let e = encode_infer("m", 1, String::new(), &meta(), &[], &wanted(&[(0, true)]), &[]).expect_err("no outputs");
     assert!(matches!(e, CodecError::Encode(_)), "{e}");
+}
+
+#[test]
+fn raw_contents_are_shared_not_copied() {
+    // A request's raw contents become its tensors as they are: the tensor's bytes are the message's.
+    let request = request(true);
+    let sent = request.raw_input_contents[1].as_ptr();
+    let call = decode_infer(request, &meta(), &Limits::NONE, &NoRegions).expect("decodes");
+    let x = call.inputs[0].as_ref().and_then(Tensor::raw_bytes).expect("fp32");
+    assert_eq!(x.as_ptr(), sent, "the input was copied out of the message");
+    // An answer's entry for a fixed-size output is the tensor's own memory; a BYTES output's is its binary form.
+    let y = Tensor::from_slice(vec![1, 2], &[inferd_core::half::f16::from_f32(0.5); 2]).expect("y");
+    let n = Tensor::from_slice(vec![1], &[7i64]).expect("n");
+    let (y_at, n_at) = (y.raw_bytes().expect("fixed").as_ptr(), n.raw_bytes().expect("fixed").as_ptr());
+    let response =
+        encode_infer("m", 1, String::new(), &meta(), &[y, n], &wanted(&[(0, true), (1, true)]), &[]).expect("encodes");
+    let entries: Vec<_> = response.raw_output_contents.iter().map(|b| b.as_ptr()).collect();
+    assert_eq!(entries, [y_at, n_at], "an output was copied into the answer");
+}
+
+#[test]
+fn a_bytes_output_is_answered_in_its_binary_form() {
+    let strings = Tensor::from_byte_strings(vec![2], vec![b"ab".to_vec(), Vec::new()]).expect("strings");
+    let response =
+        encode_infer("m", 1, String::new(), &meta(), &[strings], &wanted(&[(0, true)]), &[]).expect("encodes");
+    assert_eq!(response.raw_output_contents[0][..], [2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0]);
 }

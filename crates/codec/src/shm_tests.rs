@@ -136,7 +136,7 @@ fn grpc_request(x_span: HashMap<String, InferParameter>) -> ModelInferRequest {
         model_name: "m".into(),
         inputs: vec![input("x", "FP32", x_span), input("s", "BYTES", HashMap::new())],
         outputs: vec![InferRequestedOutputTensor { name: "y".into(), parameters: span("out", 16, 0) }],
-        raw_input_contents: vec![[1u32.to_le_bytes().as_slice(), b"a"].concat()],
+        raw_input_contents: vec![[1u32.to_le_bytes().as_slice(), b"a"].concat().into()],
         ..Default::default()
     }
 }
@@ -150,11 +150,11 @@ fn grpc_takes_raw_contents_for_the_inputs_outside_shared_memory_only() {
     let response = grpc::encode_infer("m", 1, String::new(), &meta(), &answer(), &call.outputs, &call.input_memory)
         .expect("encodes");
     assert!(response.outputs[0].parameters.is_empty(), "{:?}", response.outputs[0]);
-    assert_eq!(response.raw_output_contents, vec![Vec::<u8>::new()], "an empty entry keeps the places");
+    assert_eq!(response.raw_output_contents, vec![bytes::Bytes::new()], "an empty entry keeps the places");
     assert_eq!(&out.bytes()[..4], [0x00, 0x38, 0x00, 0xc0]);
 
     let mut two_raw = grpc_request(span("in", 8, 4));
-    two_raw.raw_input_contents.push(vec![0; 8]);
+    two_raw.raw_input_contents.push(vec![0; 8].into());
     let e = grpc::decode_infer(two_raw, &meta(), &Limits::NONE, &regions).expect_err("2 raw for 1").to_string();
     assert!(e.contains("1 inputs outside shared memory but 2 raw_input_contents"), "{e}");
     let e = grpc::decode_infer(grpc_request(span("in", 8, -1)), &meta(), &Limits::NONE, &regions)

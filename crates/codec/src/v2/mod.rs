@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use inferd_core::{element_count, DataType, ModelMetadata, Tensor, TensorSpec};
+use bytes::Bytes;
+use inferd_core::{element_count, DataType, ModelMetadata, Tensor, TensorData, TensorSpec};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -396,11 +397,7 @@ pub(crate) fn write_to(span: &Span, t: &Tensor, name: &str, finite: bool) -> Res
             }
         }
         Some(bytes) => span.write(bytes),
-        None => {
-            let mut bytes = Vec::new();
-            binary_form(t, &mut bytes);
-            span.write(&bytes)
-        }
+        None => span.write(&binary_bytes(t)),
     };
     // The client asked for a span too small: its error, found once the answer's size is known.
     written.map_err(|m| CodecError::Invalid(format!("output `{}`: {m}", quoted(name))))
@@ -417,6 +414,18 @@ pub(crate) fn binary_form(t: &Tensor, out: &mut Vec<u8>) {
             }
         }
         (None, None) => {}
+    }
+}
+
+/// [`binary_form`] as shared bytes: a fixed-size tensor's own, without a copy; a `BYTES` tensor's written out.
+pub(crate) fn binary_bytes(t: &Tensor) -> Bytes {
+    match t.data() {
+        TensorData::Fixed(bytes) => bytes.clone(),
+        TensorData::Bytes(_) => {
+            let mut out = Vec::with_capacity(binary_size(t));
+            binary_form(t, &mut out);
+            out.into()
+        }
     }
 }
 
