@@ -1,6 +1,13 @@
-//! The gate's pure parts: which RPCs are probes, and how `grpc-timeout` reads.
+//! The gate's pure parts: which RPCs are probes, and how `grpc-timeout` reads; and the drain's GOAWAY, spoken to
+//! frame by frame.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 use super::*;
+use crate::connections::ConnectionSettings;
 
 #[test]
 fn only_the_probes_are_open() {
@@ -44,4 +51,116 @@ fn a_message_over_the_limit_ends_as_resource_exhausted() {
     assert_eq!(status.code(), tonic::Code::ResourceExhausted);
     assert!(status.message().contains("--max-body-bytes"), "{}", status.message());
     assert_eq!(stream_error(Status::cancelled("gone"), 1024).code(), tonic::Code::Cancelled);
+}
+
+/// One HTTP/2 frame: its type, flags, stream and payload.
+struct Frame {
+    kind: u8,
+    flags: u8,
+    stream: u32,
+    payload: Vec<u8>,
+}
+
+const HEADERS: u8 = 1;
+const PING: u8 = 6;
+const GOAWAY: u8 = 7;
+const END_STREAM: u8 = 1;
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).expect("small").to_be_bytes();
+    [&len[1..], &[kind, flags], &stream.to_be_bytes(), payload].concat()
+}
+
+async fn read_frame(socket: &mut TcpStream) -> Option<Frame> {
+    let mut head = [0u8; 9];
+    socket.read_exact(&mut head).await.ok()?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let mut payload = vec![0; len];
+    socket.read_exact(&mut payload).await.ok()?;
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    Some(Frame { kind: head[3], flags: head[4], stream, payload })
+}
+
+/// A `ModelStreamInfer` request's headers on `stream`, each an HPACK literal without indexing: the stream stays
+/// open, sending nothing.
+fn open_stream(stream: u32) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (name, value) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", "/inference.GRPCInferenceService/ModelStreamInfer"),
+        (":authority", "localhost"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ] {
+        block.extend([0, name.len() as u8]);
+        block.extend(name.as_bytes());
+        block.push(value.len() as u8);
+        block.extend(value.as_bytes());
+    }
+    frame(HEADERS, 0x4, stream, &block)
+}
+
+/// A client that had a stream's HEADERS and a WINDOW_UPDATE for it queued behind its answer to the drain's PING
+/// sends them after the GOAWAY that ends at the stream before: both are ignored, and the stream before is served
+/// to its end, where h2 took the window update for a frame on an idle stream and ended the connection with
+/// PROTOCOL_ERROR, every stream on it with it (vendor/README.md).
+#[tokio::test]
+async fn frames_on_a_stream_past_the_drains_goaway_are_ignored() {
+    let repository = tempfile::tempdir().expect("tempdir");
+    crate::testing::model_folder(repository.path(), "echo", "");
+    let state = crate::testing::loaded_state(repository.path(), &[]);
+    let drain = state.drain().clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let second = Duration::from_secs(1);
+    let settings = ConnectionSettings { max_connections: 4, header_read_timeout: second, idle_timeout: second };
+    let server = tokio::spawn(serve(vec![listener.into()], app(state), settings, drain.clone()));
+
+    let mut socket = TcpStream::connect(address).await.expect("connect");
+    let hello = [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".as_slice(), &frame(4, 0, 0, &[])].concat();
+    socket.write_all(&[hello, open_stream(1)].concat()).await.expect("send");
+    tokio::spawn(drain.clone().until_closing(async {}, || {}));
+    // The drain's GOAWAY (every stream), and a PING whose answer asks for the second GOAWAY.
+    let mut seen = Vec::new();
+    let ask = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let f = read_frame(&mut socket).await.expect("the connection stays open");
+            if f.kind == PING && f.flags == 0 {
+                break f.payload;
+            }
+            seen.push(f);
+        }
+    });
+    let ping = ask.await.expect("the drain pings");
+    assert!(seen.iter().any(|f| f.kind == GOAWAY), "no GOAWAY before the drain's PING");
+    socket.write_all(&frame(PING, 1, 0, &ping)).await.expect("answer the PING");
+    let last = loop {
+        let f = read_frame(&mut socket).await.expect("the second GOAWAY");
+        if f.kind == GOAWAY {
+            break f;
+        }
+    };
+    assert_eq!((&last.payload[..4], &last.payload[4..8]), (&1u32.to_be_bytes()[..], &[0; 4][..]), "GOAWAY(1)");
+    // Stream 3 was opened too late: its HEADERS and window update are to be dropped.
+    let late = [open_stream(3), frame(8, 0, 3, &5u32.to_be_bytes())].concat();
+    socket.write_all(&late).await.expect("send");
+
+    let mut ending = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(f) = read_frame(&mut socket).await {
+            ending.push(f);
+        }
+    });
+    read.await.expect("the connection closes once stream 1 ends");
+    let errors: Vec<u32> = ending
+        .iter()
+        .filter(|f| f.kind == GOAWAY)
+        .map(|f| u32::from_be_bytes([f.payload[4], f.payload[5], f.payload[6], f.payload[7]]))
+        .collect();
+    assert_eq!(errors, [0u32; 0], "the connection ended with an error");
+    let trailers = ending.iter().any(|f| f.kind == HEADERS && f.stream == 1 && f.flags & END_STREAM != 0);
+    assert!(trailers, "stream 1 was not served to its end");
+    assert!(ending.iter().all(|f| f.stream != 3), "stream 3 was answered");
+    tokio::time::timeout(Duration::from_secs(10), server).await.expect("the server ends").expect("task").expect("ok");
 }
