@@ -66,6 +66,7 @@ fn binary_decode(c: &mut Criterion) {
         );
         let mut body = header.clone().into_bytes();
         body.extend_from_slice(&data);
+        let body = bytes::Bytes::from(body);
         c.bench_function(&format!("decode_infer_binary/{rows}x{cols}_fp32"), |b| {
             b.iter(|| {
                 inferd_codec::v2::decode_infer(

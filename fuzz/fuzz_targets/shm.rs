@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
     for meta in common::models() {
         // Outputs scanned as they are written, or not, as the first byte's low bit says.
         let finite = len % 2 == 1;
-        if let Ok(mut call) = inferd_codec::v2::decode_infer(body, None, &meta, &common::LIMITS, &regions) {
+        if let Ok(mut call) = inferd_codec::v2::decode_infer(&bytes::Bytes::copy_from_slice(body), None, &meta, &common::LIMITS, &regions) {
             common::check(&call.inputs, &meta);
             call.outputs.iter_mut().for_each(|w| w.finite = finite);
             let (outputs, read) = (&call.outputs, &call.input_memory);

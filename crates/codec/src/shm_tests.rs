@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use bytes::Bytes;
 use inferd_core::half::f16;
 use inferd_core::Tensor;
 use serde_json::json;
@@ -37,7 +38,9 @@ fn v2_request(x_parameters: serde_json::Value, y_parameters: serde_json::Value) 
 fn v2_error(x_parameters: serde_json::Value, y_parameters: serde_json::Value) -> String {
     let (regions, _) = regions();
     let body = v2_request(x_parameters, y_parameters);
-    v2::decode_infer(&body, None, &meta(), &Limits::NONE, &regions).expect_err("refused").to_string()
+    v2::decode_infer(&Bytes::copy_from_slice(&body), None, &meta(), &Limits::NONE, &regions)
+        .expect_err("refused")
+        .to_string()
 }
 
 fn answer() -> [Tensor; 2] {
@@ -52,7 +55,8 @@ fn v2_reads_an_input_from_its_span_and_writes_an_output_to_its_own() {
     let (regions, out) = regions();
     let x = json!({ "shared_memory_region": "in", "shared_memory_byte_size": 8, "shared_memory_offset": 4 });
     let y = json!({ "shared_memory_region": "out", "shared_memory_byte_size": 6, "shared_memory_offset": 2 });
-    let call = v2::decode_infer(&v2_request(x, y), None, &meta(), &Limits::NONE, &regions).expect("decodes");
+    let call = v2::decode_infer(&Bytes::copy_from_slice(&v2_request(x, y)), None, &meta(), &Limits::NONE, &regions)
+        .expect("decodes");
     let x = call.inputs[0].as_ref().expect("x");
     assert_eq!(x.raw_bytes().expect("FP32"), [1.5f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>());
     let (body, json_len) = v2::encode_infer("m", 1, None, &meta(), &answer(), &call.outputs, &call.input_memory)
@@ -102,7 +106,8 @@ fn an_output_larger_than_its_span_is_the_clients_error() {
     let y = json!({ "shared_memory_region": "out", "shared_memory_byte_size": 3 });
     let body =
         v2_request(json!({ "shared_memory_region": "in", "shared_memory_byte_size": 8, "shared_memory_offset": 4 }), y);
-    let call = v2::decode_infer(&body, None, &meta(), &Limits::NONE, &regions).expect("decodes");
+    let call =
+        v2::decode_infer(&Bytes::copy_from_slice(&body), None, &meta(), &Limits::NONE, &regions).expect("decodes");
     let e = v2::encode_infer("m", 1, None, &meta(), &answer(), &call.outputs, &call.input_memory)
         .expect_err("4 bytes in 3");
     assert!(matches!(&e, crate::CodecError::Invalid(_)), "{e:?}");
@@ -206,7 +211,8 @@ fn a_region_that_lost_its_memory_fails_the_requests_that_use_it() {
     let x = json!({ "shared_memory_region": "in", "shared_memory_byte_size": 8, "shared_memory_offset": 4 });
     let y = json!({ "shared_memory_region": "out", "shared_memory_byte_size": 4 });
     let body = v2_request(x, y);
-    let call = v2::decode_infer(&body, None, &meta(), &Limits::NONE, &regions).expect("decodes");
+    let call =
+        v2::decode_infer(&Bytes::copy_from_slice(&body), None, &meta(), &Limits::NONE, &regions).expect("decodes");
     let encode =
         |call: &v2::V2Call| v2::encode_infer("m", 1, None, &meta(), &answer(), &call.outputs, &call.input_memory);
     encode(&call).expect("both regions whole");
@@ -215,12 +221,15 @@ fn a_region_that_lost_its_memory_fails_the_requests_that_use_it() {
     lose(0);
     let e = encode(&call).expect_err("refused").to_string();
     assert!(e.contains("an input's shared memory region `in` lost its memory"), "{e}");
-    let e = v2::decode_infer(&body, None, &meta(), &Limits::NONE, &regions).expect_err("refused").to_string();
+    let e = v2::decode_infer(&Bytes::copy_from_slice(&body), None, &meta(), &Limits::NONE, &regions)
+        .expect_err("refused")
+        .to_string();
     assert!(e.contains("input `x`: shared memory region `in` lost its memory"), "{e}");
     // An output's region that lost its memory fails the write, scanned or not.
     regions.0[0].1 .1.store(false, std::sync::atomic::Ordering::Relaxed);
     lose(1);
-    let mut call = v2::decode_infer(&body, None, &meta(), &Limits::NONE, &regions).expect("decodes");
+    let mut call =
+        v2::decode_infer(&Bytes::copy_from_slice(&body), None, &meta(), &Limits::NONE, &regions).expect("decodes");
     for finite in [false, true] {
         call.outputs[0].finite = finite;
         let e = encode(&call).expect_err("refused").to_string();
@@ -233,7 +242,8 @@ fn an_output_scanned_as_it_is_written_is_refused_before_a_non_finite_block() {
     let (regions, out) = regions();
     let x = json!({ "shared_memory_region": "in", "shared_memory_byte_size": 8, "shared_memory_offset": 4 });
     let y = json!({ "shared_memory_region": "out", "shared_memory_byte_size": 4 });
-    let mut call = v2::decode_infer(&v2_request(x, y), None, &meta(), &Limits::NONE, &regions).expect("decodes");
+    let mut call = v2::decode_infer(&Bytes::copy_from_slice(&v2_request(x, y)), None, &meta(), &Limits::NONE, &regions)
+        .expect("decodes");
     call.outputs[0].finite = true;
     let mut answer = answer();
     let written = v2::encode_infer("m", 1, None, &meta(), &answer, &call.outputs, &[]);

@@ -130,9 +130,10 @@ pub struct V2Call {
 }
 
 /// Decodes a v2 inference request body within `limits`; `json_length` is the `Inference-Header-Content-Length`
-/// header, if any. Inputs and outputs in shared memory are in `regions`.
+/// header, if any. Inputs and outputs in shared memory are in `regions`. A fixed-size binary input becomes its tensor
+/// as a slice of `body`, without a copy.
 pub fn decode_infer(
-    body: &[u8],
+    body: &Bytes,
     json_length: Option<usize>,
     meta: &ModelMetadata,
     limits: &Limits,
@@ -146,7 +147,8 @@ pub fn decode_infer(
             body.len()
         )));
     }
-    let (json, mut binary) = body.split_at(json_len);
+    let json = &body[..json_len];
+    let mut binary = body.slice(json_len..);
     check_json_depth(json, limits.max_json_depth)?;
     let request: V2InferRequest<'_> =
         serde_json::from_slice(json).map_err(|e| invalid(format!("invalid inference request JSON: {e}")))?;
@@ -211,7 +213,7 @@ pub fn decode_infer(
 fn decode_input(
     input: &V2Input<'_>,
     spec: &TensorSpec,
-    binary: &mut &[u8],
+    binary: &mut Bytes,
     limits: &Limits,
     elements_before: usize,
     regions: &dyn Regions,
@@ -243,9 +245,7 @@ fn decode_input(
                     binary.len()
                 )));
             }
-            let (bytes, rest) = binary.split_at(size);
-            *binary = rest;
-            decode_binary(datatype, shape, count, bytes).map_err(invalid)?
+            decode_binary(datatype, shape, count, binary.split_to(size)).map_err(invalid)?
         }
         (None, Some(data)) => {
             let convertible = datatype.is_float() && spec.datatype.is_float();
@@ -301,10 +301,10 @@ impl InputHead {
 }
 
 /// A tensor from its binary form: little-endian elements, or for BYTES a 4-byte length before each element.
-fn decode_binary(datatype: DataType, shape: Vec<usize>, count: usize, bytes: &[u8]) -> Result<Tensor, String> {
+fn decode_binary(datatype: DataType, shape: Vec<usize>, count: usize, bytes: Bytes) -> Result<Tensor, String> {
     match datatype.size() {
-        Some(_) => decode_owned(datatype, shape, count, bytes::Bytes::copy_from_slice(bytes), "binary_data_size is"),
-        None => decode_binary_strings(shape, count, bytes),
+        Some(_) => decode_owned(datatype, shape, count, bytes, "binary_data_size is"),
+        None => decode_binary_strings(shape, count, &bytes),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The v2 codec's edge cases: header lengths, binary sizes that disagree with shapes, output choices, limits,
 //! and round trips.
 
+use bytes::Bytes;
 use inferd_core::half::f16;
 use inferd_core::Precision;
 use serde_json::json;
@@ -61,11 +62,13 @@ fn request(x_binary: Option<usize>, s_binary: Option<usize>) -> serde_json::Valu
 #[test]
 fn json_and_binary_inputs_decode_alike() {
     let (json_only, _) = body(&request(None, None), &[]);
-    let from_json = decode_infer(&json_only, None, &meta(), &Limits::NONE, &NoRegions).expect("valid");
+    let from_json =
+        decode_infer(&Bytes::copy_from_slice(&json_only), None, &meta(), &Limits::NONE, &NoRegions).expect("valid");
     let mut blobs = fp32_bytes(&[1.0, 2.0, 3.0, 4.0]);
     let strings: Vec<u8> = [bytes_element(b"a"), bytes_element(b"bc")].concat();
     let (mixed, len) = body(&request(Some(16), Some(strings.len())), &[blobs.clone(), strings.clone()].concat());
-    let from_binary = decode_infer(&mixed, Some(len), &meta(), &Limits::NONE, &NoRegions).expect("valid");
+    let from_binary =
+        decode_infer(&Bytes::copy_from_slice(&mixed), Some(len), &meta(), &Limits::NONE, &NoRegions).expect("valid");
     assert_eq!(from_json.inputs, from_binary.inputs);
     assert_eq!(from_json.id.as_deref(), Some("r1"));
     assert_eq!(from_json.inputs[0].as_ref().expect("given").to_vec::<f32>().expect("fp32"), vec![1.0, 2.0, 3.0, 4.0]);
@@ -75,13 +78,27 @@ fn json_and_binary_inputs_decode_alike() {
     let reordered = json!({ "inputs": [request(None, Some(strings.len()))["inputs"][1].clone(), request(Some(16), None)["inputs"][0].clone()] });
     let (b, len) = body(&reordered, &[strings, fp32_bytes(&[1.0, 2.0, 3.0, 4.0])].concat());
     assert_eq!(
-        decode_infer(&b, Some(len), &meta(), &Limits::NONE, &NoRegions).expect("valid").inputs,
+        decode_infer(&Bytes::copy_from_slice(&b), Some(len), &meta(), &Limits::NONE, &NoRegions).expect("valid").inputs,
         from_json.inputs
     );
 }
 
+#[test]
+fn a_binary_input_is_a_slice_of_the_body() {
+    let strings: Vec<u8> = [bytes_element(b"a"), bytes_element(b"bc")].concat();
+    let binary = [fp32_bytes(&[1.0, 2.0, 3.0, 4.0]), strings].concat();
+    let (b, len) = body(&request(Some(16), Some(binary.len() - 16)), &binary);
+    let b = Bytes::from(b);
+    let call = decode_infer(&b, Some(len), &meta(), &Limits::NONE, &NoRegions).expect("valid");
+    let x = call.inputs[0].as_ref().and_then(Tensor::raw_bytes).expect("fp32");
+    assert_eq!(x.as_ptr(), b[len..].as_ptr(), "the input was copied out of the body");
+    assert_eq!(call.inputs[1].as_ref().and_then(Tensor::byte_strings).map(<[Vec<u8>]>::len), Some(2));
+}
+
 fn error(body: &[u8], header: Option<usize>) -> String {
-    decode_infer(body, header, &meta(), &Limits::NONE, &NoRegions).expect_err("refused").to_string()
+    decode_infer(&Bytes::copy_from_slice(body), header, &meta(), &Limits::NONE, &NoRegions)
+        .expect_err("refused")
+        .to_string()
 }
 
 #[test]
@@ -123,10 +140,12 @@ fn an_optional_input_may_be_left_out_and_a_required_one_may_not() {
     let mut m = meta();
     m.inputs[1].optional = true;
     let without_s = json!({ "inputs": [request(None, None)["inputs"][0].clone()] }).to_string();
-    let call = decode_infer(without_s.as_bytes(), None, &m, &Limits::NONE, &NoRegions).expect("`s` is optional");
+    let call = decode_infer(&Bytes::copy_from_slice(without_s.as_bytes()), None, &m, &Limits::NONE, &NoRegions)
+        .expect("`s` is optional");
     assert!(call.inputs[0].is_some() && call.inputs[1].is_none(), "{:?}", call.inputs);
     let without_x = json!({ "inputs": [request(None, None)["inputs"][1].clone()] }).to_string();
-    let err = decode_infer(without_x.as_bytes(), None, &m, &Limits::NONE, &NoRegions).expect_err("`x` is required");
+    let err = decode_infer(&Bytes::copy_from_slice(without_x.as_bytes()), None, &m, &Limits::NONE, &NoRegions)
+        .expect_err("`x` is required");
     assert!(err.to_string().contains("missing input `x`"), "{err}");
 }
 
@@ -174,7 +193,8 @@ fn json_numbers_are_converted_for_float_inputs_and_timeouts_read() {
     r["inputs"][0]["datatype"] = json!("FP64");
     r["parameters"] = json!({ "timeout": 2500, "priority": 1, "binary_data_output": true });
     r["outputs"] = json!([{ "name": "n" }, { "name": "y", "parameters": { "binary_data": false } }]);
-    let d = decode_infer(r.to_string().as_bytes(), None, &meta(), &Limits::NONE, &NoRegions).expect("valid");
+    let d = decode_infer(&Bytes::copy_from_slice(r.to_string().as_bytes()), None, &meta(), &Limits::NONE, &NoRegions)
+        .expect("valid");
     assert_eq!(d.inputs[0].as_ref().expect("given").dtype(), DataType::Fp32);
     assert_eq!(d.timeout, Some(Duration::from_micros(2500)));
     assert_eq!(chosen(&d.outputs), vec![(1, true), (0, false)]);
@@ -221,7 +241,7 @@ fn outputs_asked_twice_or_unknown_are_refused_and_long_names_are_cut() {
     let with_outputs = |outputs: serde_json::Value| {
         let mut r = request(None, None);
         r["outputs"] = outputs;
-        decode_infer(r.to_string().as_bytes(), None, &meta(), &Limits::NONE, &NoRegions)
+        decode_infer(&Bytes::copy_from_slice(r.to_string().as_bytes()), None, &meta(), &Limits::NONE, &NoRegions)
     };
     let twice = with_outputs(json!([{ "name": "y" }, { "name": "n" }, { "name": "y" }])).expect_err("twice");
     assert_eq!(twice, CodecError::Invalid("output `y` is asked for twice".into()));
@@ -240,21 +260,24 @@ fn rows_and_elements_over_the_limits_are_refused_before_decoding() {
     let limits = Limits { max_rows: 2, max_elements: 5, max_json_depth: 32 };
     let r = request(None, None);
     // x holds 4 elements and s 2: 6 in all.
-    let err = decode_infer(r.to_string().as_bytes(), None, &meta(), &limits, &NoRegions).expect_err("over");
+    let err = decode_infer(&Bytes::copy_from_slice(r.to_string().as_bytes()), None, &meta(), &limits, &NoRegions)
+        .expect_err("over");
     assert!(
         matches!(&err, CodecError::OverLimit(m) if m.contains("--max-elements") && m.contains("input `s`")),
         "{err}"
     );
     let limits = Limits { max_elements: 6, ..limits };
-    assert!(decode_infer(r.to_string().as_bytes(), None, &meta(), &limits, &NoRegions).is_ok());
+    assert!(decode_infer(&Bytes::copy_from_slice(r.to_string().as_bytes()), None, &meta(), &limits, &NoRegions).is_ok());
     // A claimed shape over the row limit is refused before its (absent) data is looked at.
     let mut r = request(Some(1 << 40), None);
     r["inputs"][0]["shape"] = json!([3, 2]);
-    let err = decode_infer(r.to_string().as_bytes(), None, &meta(), &limits, &NoRegions).expect_err("over");
+    let err = decode_infer(&Bytes::copy_from_slice(r.to_string().as_bytes()), None, &meta(), &limits, &NoRegions)
+        .expect_err("over");
     assert!(matches!(&err, CodecError::OverLimit(m) if m.contains("--max-rows")), "{err}");
     let deep = json!({ "inputs": [], "parameters": { "a": [[[[[1]]]]] } });
     let limits = Limits { max_json_depth: 4, ..limits };
-    let err = decode_infer(deep.to_string().as_bytes(), None, &meta(), &limits, &NoRegions).expect_err("deep");
+    let err = decode_infer(&Bytes::copy_from_slice(deep.to_string().as_bytes()), None, &meta(), &limits, &NoRegions)
+        .expect_err("deep");
     assert!(matches!(&err, CodecError::Invalid(m) if m.contains("--max-json-depth")), "{err}");
 }
 
