@@ -84,15 +84,24 @@ fn json_and_binary_inputs_decode_alike() {
 }
 
 #[test]
-fn a_binary_input_is_a_slice_of_the_body() {
+fn a_binary_input_is_a_slice_of_the_body_where_it_is_aligned() {
     let strings: Vec<u8> = [bytes_element(b"a"), bytes_element(b"bc")].concat();
     let binary = [fp32_bytes(&[1.0, 2.0, 3.0, 4.0]), strings].concat();
-    let (b, len) = body(&request(Some(16), Some(binary.len() - 16)), &binary);
-    let b = Bytes::from(b);
-    let call = decode_infer(&b, Some(len), &meta(), &Limits::NONE, &NoRegions).expect("valid");
-    let x = call.inputs[0].as_ref().and_then(Tensor::raw_bytes).expect("fp32");
-    assert_eq!(x.as_ptr(), b[len..].as_ptr(), "the input was copied out of the body");
-    assert_eq!(call.inputs[1].as_ref().and_then(Tensor::byte_strings).map(<[Vec<u8>]>::len), Some(2));
+    let (json, _) = body(&request(Some(16), Some(binary.len() - 16)), &[]);
+    let mut shared = 0;
+    // JSON of four lengths in a row, so that the FP32 elements after it fall at each offset mod 4.
+    for pad in 0..4 {
+        let b = Bytes::from([json.as_slice(), &vec![b' '; pad], &binary].concat());
+        let len = json.len() + pad;
+        let call = decode_infer(&b, Some(len), &meta(), &Limits::NONE, &NoRegions).expect("valid");
+        let x = call.inputs[0].as_ref().expect("given");
+        assert_eq!(x.to_vec::<f32>().expect("fp32"), [1.0, 2.0, 3.0, 4.0]);
+        let at = x.raw_bytes().expect("fixed").as_ptr();
+        assert_eq!(at.align_offset(4), 0, "an input left unaligned for its engine");
+        shared += usize::from(at == b[len..].as_ptr());
+        assert_eq!(call.inputs[1].as_ref().and_then(Tensor::byte_strings).map(<[Vec<u8>]>::len), Some(2));
+    }
+    assert_eq!(shared, 1, "the one aligned body was copied, or an unaligned one shared");
 }
 
 fn error(body: &[u8], header: Option<usize>) -> String {
