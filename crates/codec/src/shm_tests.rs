@@ -23,7 +23,7 @@ fn regions() -> (MemoryRegions, Arc<MemoryRegion>) {
     (MemoryRegions(vec![("in".into(), MemoryRegion::new(input)), ("out".into(), out.clone())]), out)
 }
 
-fn v2_request(x_parameters: serde_json::Value, y_parameters: serde_json::Value) -> Vec<u8> {
+fn v2_request(x_parameters: serde_json::Value, y_parameters: serde_json::Value) -> Bytes {
     json!({
         "inputs": [
             { "name": "x", "datatype": "FP32", "shape": [1, 2], "parameters": x_parameters },
@@ -32,15 +32,13 @@ fn v2_request(x_parameters: serde_json::Value, y_parameters: serde_json::Value) 
         "outputs": [{ "name": "y", "parameters": y_parameters }, { "name": "n" }],
     })
     .to_string()
-    .into_bytes()
+    .into()
 }
 
 fn v2_error(x_parameters: serde_json::Value, y_parameters: serde_json::Value) -> String {
     let (regions, _) = regions();
     let body = v2_request(x_parameters, y_parameters);
-    v2::decode_infer(&Bytes::copy_from_slice(&body), None, &meta(), &Limits::NONE, &regions)
-        .expect_err("refused")
-        .to_string()
+    v2::decode_infer(&body, None, &meta(), &Limits::NONE, &regions).expect_err("refused").to_string()
 }
 
 fn answer() -> [Tensor; 2] {
@@ -55,8 +53,7 @@ fn v2_reads_an_input_from_its_span_and_writes_an_output_to_its_own() {
     let (regions, out) = regions();
     let x = json!({ "shared_memory_region": "in", "shared_memory_byte_size": 8, "shared_memory_offset": 4 });
     let y = json!({ "shared_memory_region": "out", "shared_memory_byte_size": 6, "shared_memory_offset": 2 });
-    let call = v2::decode_infer(&Bytes::copy_from_slice(&v2_request(x, y)), None, &meta(), &Limits::NONE, &regions)
-        .expect("decodes");
+    let call = v2::decode_infer(&v2_request(x, y), None, &meta(), &Limits::NONE, &regions).expect("decodes");
     let x = call.inputs[0].as_ref().expect("x");
     assert_eq!(x.raw_bytes().expect("FP32"), [1.5f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>());
     let (body, json_len) = v2::encode_infer("m", 1, None, &meta(), &answer(), &call.outputs, &call.input_memory)
@@ -106,8 +103,7 @@ fn an_output_larger_than_its_span_is_the_clients_error() {
     let y = json!({ "shared_memory_region": "out", "shared_memory_byte_size": 3 });
     let body =
         v2_request(json!({ "shared_memory_region": "in", "shared_memory_byte_size": 8, "shared_memory_offset": 4 }), y);
-    let call =
-        v2::decode_infer(&Bytes::copy_from_slice(&body), None, &meta(), &Limits::NONE, &regions).expect("decodes");
+    let call = v2::decode_infer(&body, None, &meta(), &Limits::NONE, &regions).expect("decodes");
     let e = v2::encode_infer("m", 1, None, &meta(), &answer(), &call.outputs, &call.input_memory)
         .expect_err("4 bytes in 3");
     assert!(matches!(&e, crate::CodecError::Invalid(_)), "{e:?}");
@@ -211,8 +207,7 @@ fn a_region_that_lost_its_memory_fails_the_requests_that_use_it() {
     let x = json!({ "shared_memory_region": "in", "shared_memory_byte_size": 8, "shared_memory_offset": 4 });
     let y = json!({ "shared_memory_region": "out", "shared_memory_byte_size": 4 });
     let body = v2_request(x, y);
-    let call =
-        v2::decode_infer(&Bytes::copy_from_slice(&body), None, &meta(), &Limits::NONE, &regions).expect("decodes");
+    let call = v2::decode_infer(&body, None, &meta(), &Limits::NONE, &regions).expect("decodes");
     let encode =
         |call: &v2::V2Call| v2::encode_infer("m", 1, None, &meta(), &answer(), &call.outputs, &call.input_memory);
     encode(&call).expect("both regions whole");
@@ -221,15 +216,12 @@ fn a_region_that_lost_its_memory_fails_the_requests_that_use_it() {
     lose(0);
     let e = encode(&call).expect_err("refused").to_string();
     assert!(e.contains("an input's shared memory region `in` lost its memory"), "{e}");
-    let e = v2::decode_infer(&Bytes::copy_from_slice(&body), None, &meta(), &Limits::NONE, &regions)
-        .expect_err("refused")
-        .to_string();
+    let e = v2::decode_infer(&body, None, &meta(), &Limits::NONE, &regions).expect_err("refused").to_string();
     assert!(e.contains("input `x`: shared memory region `in` lost its memory"), "{e}");
     // An output's region that lost its memory fails the write, scanned or not.
     regions.0[0].1 .1.store(false, std::sync::atomic::Ordering::Relaxed);
     lose(1);
-    let mut call =
-        v2::decode_infer(&Bytes::copy_from_slice(&body), None, &meta(), &Limits::NONE, &regions).expect("decodes");
+    let mut call = v2::decode_infer(&body, None, &meta(), &Limits::NONE, &regions).expect("decodes");
     for finite in [false, true] {
         call.outputs[0].finite = finite;
         let e = encode(&call).expect_err("refused").to_string();
@@ -242,8 +234,7 @@ fn an_output_scanned_as_it_is_written_is_refused_before_a_non_finite_block() {
     let (regions, out) = regions();
     let x = json!({ "shared_memory_region": "in", "shared_memory_byte_size": 8, "shared_memory_offset": 4 });
     let y = json!({ "shared_memory_region": "out", "shared_memory_byte_size": 4 });
-    let mut call = v2::decode_infer(&Bytes::copy_from_slice(&v2_request(x, y)), None, &meta(), &Limits::NONE, &regions)
-        .expect("decodes");
+    let mut call = v2::decode_infer(&v2_request(x, y), None, &meta(), &Limits::NONE, &regions).expect("decodes");
     call.outputs[0].finite = true;
     let mut answer = answer();
     let written = v2::encode_infer("m", 1, None, &meta(), &answer, &call.outputs, &[]);

@@ -245,7 +245,7 @@ fn decode_input(
                     binary.len()
                 )));
             }
-            decode_binary(datatype, shape, count, binary.split_to(size)).map_err(invalid)?
+            decode_owned(datatype, shape, count, binary.split_to(size), "binary_data_size is").map_err(invalid)?
         }
         (None, Some(data)) => {
             let convertible = datatype.is_float() && spec.datatype.is_float();
@@ -300,15 +300,8 @@ impl InputHead {
     }
 }
 
-/// A tensor from its binary form: little-endian elements, or for BYTES a 4-byte length before each element.
-fn decode_binary(datatype: DataType, shape: Vec<usize>, count: usize, bytes: Bytes) -> Result<Tensor, String> {
-    match datatype.size() {
-        Some(_) => decode_owned(datatype, shape, count, bytes, "binary_data_size is"),
-        None => decode_binary_strings(shape, count, &bytes),
-    }
-}
-
-/// A tensor from its binary form, owned: fixed-size elements become the tensor without a copy where they are
+/// A tensor from its binary form (little-endian elements, or for BYTES a 4-byte length before each element), owned:
+/// fixed-size elements become the tensor without a copy where they are
 /// aligned for their type. Elements at an odd offset of a body or message are copied here, once, into memory that
 /// is, as the decode's own work: an engine would otherwise copy them on its thread, in every run (ONNX Runtime
 /// reads only aligned elements in place). `given` says where the bytes came from, for a message
@@ -407,7 +400,7 @@ pub(crate) fn write_to(span: &Span, t: &Tensor, name: &str, finite: bool) -> Res
     written.map_err(|m| CodecError::Invalid(format!("output `{}`: {m}", quoted(name))))
 }
 
-/// The binary form of a tensor (see [`decode_binary`]).
+/// The binary form of a tensor (see [`decode_owned`]).
 pub(crate) fn binary_form(t: &Tensor, out: &mut Vec<u8>) {
     match (t.raw_bytes(), t.byte_strings()) {
         (Some(bytes), _) => out.extend_from_slice(bytes),

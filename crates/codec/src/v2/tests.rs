@@ -28,11 +28,11 @@ pub(crate) fn meta() -> ModelMetadata {
 }
 
 /// A body of `json` followed by `binary`, and its header length.
-fn body(json: &serde_json::Value, binary: &[u8]) -> (Vec<u8>, usize) {
+fn body(json: &serde_json::Value, binary: &[u8]) -> (Bytes, usize) {
     let mut b = json.to_string().into_bytes();
     let len = b.len();
     b.extend_from_slice(binary);
-    (b, len)
+    (b.into(), len)
 }
 
 fn fp32_bytes(values: &[f32]) -> Vec<u8> {
@@ -62,13 +62,11 @@ fn request(x_binary: Option<usize>, s_binary: Option<usize>) -> serde_json::Valu
 #[test]
 fn json_and_binary_inputs_decode_alike() {
     let (json_only, _) = body(&request(None, None), &[]);
-    let from_json =
-        decode_infer(&Bytes::copy_from_slice(&json_only), None, &meta(), &Limits::NONE, &NoRegions).expect("valid");
+    let from_json = decode_infer(&json_only, None, &meta(), &Limits::NONE, &NoRegions).expect("valid");
     let mut blobs = fp32_bytes(&[1.0, 2.0, 3.0, 4.0]);
     let strings: Vec<u8> = [bytes_element(b"a"), bytes_element(b"bc")].concat();
     let (mixed, len) = body(&request(Some(16), Some(strings.len())), &[blobs.clone(), strings.clone()].concat());
-    let from_binary =
-        decode_infer(&Bytes::copy_from_slice(&mixed), Some(len), &meta(), &Limits::NONE, &NoRegions).expect("valid");
+    let from_binary = decode_infer(&mixed, Some(len), &meta(), &Limits::NONE, &NoRegions).expect("valid");
     assert_eq!(from_json.inputs, from_binary.inputs);
     assert_eq!(from_json.id.as_deref(), Some("r1"));
     assert_eq!(from_json.inputs[0].as_ref().expect("given").to_vec::<f32>().expect("fp32"), vec![1.0, 2.0, 3.0, 4.0]);
@@ -78,7 +76,7 @@ fn json_and_binary_inputs_decode_alike() {
     let reordered = json!({ "inputs": [request(None, Some(strings.len()))["inputs"][1].clone(), request(Some(16), None)["inputs"][0].clone()] });
     let (b, len) = body(&reordered, &[strings, fp32_bytes(&[1.0, 2.0, 3.0, 4.0])].concat());
     assert_eq!(
-        decode_infer(&Bytes::copy_from_slice(&b), Some(len), &meta(), &Limits::NONE, &NoRegions).expect("valid").inputs,
+        decode_infer(&b, Some(len), &meta(), &Limits::NONE, &NoRegions).expect("valid").inputs,
         from_json.inputs
     );
 }
@@ -91,7 +89,7 @@ fn a_binary_input_is_a_slice_of_the_body_where_it_is_aligned() {
     let mut shared = 0;
     // JSON of four lengths in a row, so that the FP32 elements after it fall at each offset mod 4.
     for pad in 0..4 {
-        let b = Bytes::from([json.as_slice(), &vec![b' '; pad], &binary].concat());
+        let b = Bytes::from([&json[..], &vec![b' '; pad], &binary].concat());
         let len = json.len() + pad;
         let call = decode_infer(&b, Some(len), &meta(), &Limits::NONE, &NoRegions).expect("valid");
         let x = call.inputs[0].as_ref().expect("given");
@@ -149,12 +147,10 @@ fn an_optional_input_may_be_left_out_and_a_required_one_may_not() {
     let mut m = meta();
     m.inputs[1].optional = true;
     let without_s = json!({ "inputs": [request(None, None)["inputs"][0].clone()] }).to_string();
-    let call = decode_infer(&Bytes::copy_from_slice(without_s.as_bytes()), None, &m, &Limits::NONE, &NoRegions)
-        .expect("`s` is optional");
+    let call = decode_infer(&Bytes::from(without_s), None, &m, &Limits::NONE, &NoRegions).expect("`s` is optional");
     assert!(call.inputs[0].is_some() && call.inputs[1].is_none(), "{:?}", call.inputs);
     let without_x = json!({ "inputs": [request(None, None)["inputs"][1].clone()] }).to_string();
-    let err = decode_infer(&Bytes::copy_from_slice(without_x.as_bytes()), None, &m, &Limits::NONE, &NoRegions)
-        .expect_err("`x` is required");
+    let err = decode_infer(&Bytes::from(without_x), None, &m, &Limits::NONE, &NoRegions).expect_err("`x` is required");
     assert!(err.to_string().contains("missing input `x`"), "{err}");
 }
 
@@ -202,8 +198,7 @@ fn json_numbers_are_converted_for_float_inputs_and_timeouts_read() {
     r["inputs"][0]["datatype"] = json!("FP64");
     r["parameters"] = json!({ "timeout": 2500, "priority": 1, "binary_data_output": true });
     r["outputs"] = json!([{ "name": "n" }, { "name": "y", "parameters": { "binary_data": false } }]);
-    let d = decode_infer(&Bytes::copy_from_slice(r.to_string().as_bytes()), None, &meta(), &Limits::NONE, &NoRegions)
-        .expect("valid");
+    let d = decode_infer(&Bytes::from(r.to_string()), None, &meta(), &Limits::NONE, &NoRegions).expect("valid");
     assert_eq!(d.inputs[0].as_ref().expect("given").dtype(), DataType::Fp32);
     assert_eq!(d.timeout, Some(Duration::from_micros(2500)));
     assert_eq!(chosen(&d.outputs), vec![(1, true), (0, false)]);
@@ -250,7 +245,7 @@ fn outputs_asked_twice_or_unknown_are_refused_and_long_names_are_cut() {
     let with_outputs = |outputs: serde_json::Value| {
         let mut r = request(None, None);
         r["outputs"] = outputs;
-        decode_infer(&Bytes::copy_from_slice(r.to_string().as_bytes()), None, &meta(), &Limits::NONE, &NoRegions)
+        decode_infer(&Bytes::from(r.to_string()), None, &meta(), &Limits::NONE, &NoRegions)
     };
     let twice = with_outputs(json!([{ "name": "y" }, { "name": "n" }, { "name": "y" }])).expect_err("twice");
     assert_eq!(twice, CodecError::Invalid("output `y` is asked for twice".into()));
@@ -269,24 +264,21 @@ fn rows_and_elements_over_the_limits_are_refused_before_decoding() {
     let limits = Limits { max_rows: 2, max_elements: 5, max_json_depth: 32 };
     let r = request(None, None);
     // x holds 4 elements and s 2: 6 in all.
-    let err = decode_infer(&Bytes::copy_from_slice(r.to_string().as_bytes()), None, &meta(), &limits, &NoRegions)
-        .expect_err("over");
+    let err = decode_infer(&Bytes::from(r.to_string()), None, &meta(), &limits, &NoRegions).expect_err("over");
     assert!(
         matches!(&err, CodecError::OverLimit(m) if m.contains("--max-elements") && m.contains("input `s`")),
         "{err}"
     );
     let limits = Limits { max_elements: 6, ..limits };
-    assert!(decode_infer(&Bytes::copy_from_slice(r.to_string().as_bytes()), None, &meta(), &limits, &NoRegions).is_ok());
+    assert!(decode_infer(&Bytes::from(r.to_string()), None, &meta(), &limits, &NoRegions).is_ok());
     // A claimed shape over the row limit is refused before its (absent) data is looked at.
     let mut r = request(Some(1 << 40), None);
     r["inputs"][0]["shape"] = json!([3, 2]);
-    let err = decode_infer(&Bytes::copy_from_slice(r.to_string().as_bytes()), None, &meta(), &limits, &NoRegions)
-        .expect_err("over");
+    let err = decode_infer(&Bytes::from(r.to_string()), None, &meta(), &limits, &NoRegions).expect_err("over");
     assert!(matches!(&err, CodecError::OverLimit(m) if m.contains("--max-rows")), "{err}");
     let deep = json!({ "inputs": [], "parameters": { "a": [[[[[1]]]]] } });
     let limits = Limits { max_json_depth: 4, ..limits };
-    let err = decode_infer(&Bytes::copy_from_slice(deep.to_string().as_bytes()), None, &meta(), &limits, &NoRegions)
-        .expect_err("deep");
+    let err = decode_infer(&Bytes::from(deep.to_string()), None, &meta(), &limits, &NoRegions).expect_err("deep");
     assert!(matches!(&err, CodecError::Invalid(m) if m.contains("--max-json-depth")), "{err}");
 }
 
