@@ -8,6 +8,7 @@ output that overflows is refused before it reaches the region; a SIGBUS sent fro
 the API key applies; /metrics counts the regions; off without --allow-client-shm; and perf_analyzer's
 `--shared-memory system` runs clean over both protocols."""
 
+import base64
 import csv
 import os
 import re
@@ -110,8 +111,9 @@ def test_inputs_and_outputs_in_shared_memory_answer_as_the_body_does(server, reg
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
 
     metrics = urllib.request.urlopen(urllib.request.Request(f"http://{server[0]}/metrics", headers=auth())).read()
-    assert b"inferd_shared_memory_regions 2" in metrics
-    assert f"inferd_shared_memory_bytes {x.nbytes + expected.nbytes + 24}".encode() in metrics
+    assert b'inferd_shared_memory_regions{kind="system"} 2' in metrics
+    assert f'inferd_shared_memory_bytes{{kind="system"}} {x.nbytes + expected.nbytes + 24}'.encode() in metrics
+    assert b'inferd_shared_memory_regions{kind="cuda"} 0' in metrics
 
     client.unregister_system_shared_memory("in", headers=auth())
     remaining = client.get_system_shared_memory_status(headers=auth())
@@ -317,6 +319,32 @@ def test_unregistering_while_requests_use_a_region_breaks_none(server, regions):
     print(f"while unregistering and registering again: {outcomes}")
     assert client.is_server_live(headers=auth())
     client.unregister_system_shared_memory(headers=auth())
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_cuda_shared_memory_on_the_cpu_build_is_refused_naming_the_cuda_build(server, regions, protocol):
+    """The CUDA extension on a build without CUDA: registering is refused first of all with what to use instead,
+    none is listed, and its calls leave system regions alone (one namespace for both kinds, as in Triton)."""
+    client, auth = client_for(protocol, server)
+    # tritonclient.utils.cuda_shared_memory.get_raw_handle gives the handle's 64 bytes in base64.
+    handle = base64.b64encode(bytes(64))
+    message = refused(lambda: client.register_cuda_shared_memory("gpu", handle, 0, 64, headers=auth()))
+    assert "needs inferd's CUDA build" in message and "system shared memory" in message, message
+    message = refused(lambda: client.register_cuda_shared_memory("gpu", handle, -1, 64, headers=auth()))
+    assert "device_id -1 is not a GPU" in message, message
+    listed = client.get_cuda_shared_memory_status(headers=auth())
+    assert (listed == [] if protocol == "http" else not listed.regions), listed
+    assert "is not registered" in refused(lambda: client.get_cuda_shared_memory_status("gpu", headers=auth()))
+    _, key = regions("both", 64)
+    client.register_system_shared_memory("both", key, 64, headers=auth())
+    message = refused(lambda: client.register_cuda_shared_memory("both", handle, 0, 64, headers=auth()))
+    assert "registered already" in message, message
+    assert "is not registered" in refused(lambda: client.get_cuda_shared_memory_status("both", headers=auth()))
+    client.unregister_cuda_shared_memory("both", headers=auth())
+    client.unregister_cuda_shared_memory(headers=auth())
+    status = client.get_system_shared_memory_status("both", headers=auth())
+    assert (len(status) if protocol == "http" else len(status.regions)) == 1, status
+    client.unregister_system_shared_memory("both", headers=auth())
 
 
 def test_the_key_applies_and_the_extension_is_off_unless_allowed(server, repository, regions):

@@ -8,6 +8,7 @@ mod batch;
 mod bert;
 mod clip;
 mod gte;
+pub mod ipc;
 mod layers;
 mod memory;
 mod modernbert;

@@ -27,6 +27,11 @@ pub trait Region: Send + Sync {
     fn read(self: Arc<Self>, offset: usize, len: usize) -> std::io::Result<Bytes>;
     /// Writes `bytes` at `offset`, within the region (the caller checked the span).
     fn write(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()>;
+    /// Whether [`Region::read`] gives the region's own memory, which the client can change while it is read, rather
+    /// than a copy.
+    fn reads_in_place(&self) -> bool {
+        false
+    }
     /// Whether every read and write so far reached the client's memory: `false` once the region was found to have
     /// lost some of it (its object shrank), whatever a read then gave.
     fn intact(&self) -> bool {
@@ -130,7 +135,8 @@ impl Span {
     /// it, and read in place the client could change it in between; a float changed so only changes the answer.
     pub fn read_input(&self, dtype: DataType) -> Result<Bytes, String> {
         let bytes = self.read()?;
-        Ok(if Span::copies(dtype) { Bytes::copy_from_slice(&bytes) } else { bytes })
+        let in_place = self.region.reads_in_place();
+        Ok(if in_place && Span::copies(dtype) { Bytes::copy_from_slice(&bytes) } else { bytes })
     }
 
     /// Whether an input of `dtype` is copied out of shared memory (see [`Span::read_input`]): work to decode.

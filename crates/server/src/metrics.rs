@@ -196,7 +196,11 @@ impl Metrics {
         describe(names::RESIDENT_MEMORY, Some(Unit::Bytes), "Resident memory of the inferd process.");
         describe(names::MODEL_WEIGHTS, Some(Unit::Bytes), "A model's weights as its engines hold them.");
         describe(names::MODEL_DEVICE_MEMORY, Some(Unit::Bytes), "GPU memory a model's load and warm-up took.");
-        describe(names::SHARED_MEMORY_REGIONS, None, "System shared-memory regions that clients registered.");
+        describe(
+            names::SHARED_MEMORY_REGIONS,
+            None,
+            "Shared-memory regions that clients registered, by kind (system, cuda).",
+        );
         describe(names::SHARED_MEMORY_BYTES, Some(Unit::Bytes), "The registered shared-memory regions' bytes.");
     }
 
@@ -304,9 +308,9 @@ impl Metrics {
     }
 
     /// The registered shared-memory regions: how many, and their bytes together.
-    pub fn shared_memory(&self, regions: usize, bytes: u64) {
-        self.gauge(names::SHARED_MEMORY_REGIONS, vec![]).set(regions as f64);
-        self.gauge(names::SHARED_MEMORY_BYTES, vec![]).set(bytes as f64);
+    pub fn shared_memory(&self, kind: &'static str, regions: usize, bytes: u64) {
+        self.gauge(names::SHARED_MEMORY_REGIONS, vec![Label::new("kind", kind)]).set(regions as f64);
+        self.gauge(names::SHARED_MEMORY_BYTES, vec![Label::new("kind", kind)]).set(bytes as f64);
     }
 
     /// The exposition text, with the gauges read now: queue depths, readiness, the GPU snapshot, resident memory.

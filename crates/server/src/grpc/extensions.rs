@@ -1,10 +1,11 @@
 //! Triton's extensions beyond inference over gRPC, each the wire around the operation its HTTP route calls:
-//! system shared memory's status, and the log and trace settings.
+//! system and CUDA shared memory's status, and the log and trace settings.
 
+use crate::codec::grpc::proto::cuda_shared_memory_status_response::RegionStatus as CudaRegionStatus;
 use crate::codec::grpc::proto::system_shared_memory_status_response::RegionStatus;
 use crate::codec::grpc::proto::{
-    LogSettingsRequest, LogSettingsResponse, SystemSharedMemoryStatusRequest, SystemSharedMemoryStatusResponse,
-    TraceSettingRequest, TraceSettingResponse,
+    CudaSharedMemoryStatusRequest, CudaSharedMemoryStatusResponse, LogSettingsRequest, LogSettingsResponse,
+    SystemSharedMemoryStatusRequest, SystemSharedMemoryStatusResponse, TraceSettingRequest, TraceSettingResponse,
 };
 use crate::codec::quoted;
 use crate::error::AppError;
@@ -24,6 +25,20 @@ pub fn system_status(
         .map(|r| (r.name.clone(), RegionStatus { name: r.name, key: r.key, offset: r.offset, byte_size: r.byte_size }))
         .collect();
     Ok(SystemSharedMemoryStatusResponse { regions })
+}
+
+/// The registered CUDA shared-memory regions, or the one named.
+pub fn cuda_status(
+    state: &AppState,
+    request: CudaSharedMemoryStatusRequest,
+) -> Result<CudaSharedMemoryStatusResponse, AppError> {
+    let name = request.name;
+    let regions = state.shared_memory().cuda_status((!name.is_empty()).then_some(name.as_str()))?;
+    let regions = regions
+        .into_iter()
+        .map(|r| (r.name.clone(), CudaRegionStatus { name: r.name, device_id: r.device_id, byte_size: r.byte_size }))
+        .collect();
+    Ok(CudaSharedMemoryStatusResponse { regions })
 }
 
 /// The log's settings, after the request's changes (none: read only).

@@ -24,11 +24,14 @@ use crate::codec::shm;
 use crate::codec::v2::models as v2;
 use crate::error::{AppError, ErrorKind};
 use crate::metrics::Protocol;
-use crate::ops::infer::{classify_outputs, deadline_in, decode, decode_bytes, encode, infer, scan_outputs_on_write};
+use crate::ops::infer::{
+    classify_outputs, deadline_in, decode, decode_bytes, encode_shared, infer, scan_outputs_on_write,
+};
 use crate::ops::models;
 use crate::ops::repository;
 use crate::registry::ModelEntry;
 use crate::request::resolve_named;
+use crate::shm::Kind;
 use crate::state::AppState;
 
 /// Requests one stream may have in flight: past it, the stream's next message is read once one is answered (the
@@ -190,7 +193,7 @@ impl GrpcInferenceService for Inference {
         request: Request<SystemSharedMemoryUnregisterRequest>,
     ) -> Answer<SystemSharedMemoryUnregisterResponse> {
         let name = request.into_inner().name;
-        self.state.shared_memory().unregister((!name.is_empty()).then_some(name.as_str()));
+        self.state.shared_memory().unregister(Kind::System, (!name.is_empty()).then_some(name.as_str()));
         Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
     }
 
@@ -198,23 +201,25 @@ impl GrpcInferenceService for Inference {
         &self,
         request: Request<CudaSharedMemoryStatusRequest>,
     ) -> Answer<CudaSharedMemoryStatusResponse> {
-        match request.into_inner().name {
-            name if name.is_empty() => Ok(Response::new(CudaSharedMemoryStatusResponse::default())),
-            name => Err(crate::shm::not_registered(&name).into()),
-        }
+        Ok(Response::new(extensions::cuda_status(&self.state, request.into_inner())?))
     }
 
     async fn cuda_shared_memory_register(
         &self,
-        _: Request<CudaSharedMemoryRegisterRequest>,
+        request: Request<CudaSharedMemoryRegisterRequest>,
     ) -> Answer<CudaSharedMemoryRegisterResponse> {
-        Err(crate::shm::cuda_refused().into())
+        let CudaSharedMemoryRegisterRequest { name, raw_handle, device_id, byte_size } = request.into_inner();
+        let handle = crate::shm::Handle::Bytes(raw_handle);
+        self.state.shared_memory().register_cuda(name, handle, device_id, byte_size).await?;
+        Ok(Response::new(CudaSharedMemoryRegisterResponse {}))
     }
 
     async fn cuda_shared_memory_unregister(
         &self,
-        _: Request<CudaSharedMemoryUnregisterRequest>,
+        request: Request<CudaSharedMemoryUnregisterRequest>,
     ) -> Answer<CudaSharedMemoryUnregisterResponse> {
+        let name = request.into_inner().name;
+        self.state.shared_memory().unregister(Kind::Cuda, (!name.is_empty()).then_some(name.as_str()));
         Ok(Response::new(CudaSharedMemoryUnregisterResponse {}))
     }
 
@@ -300,8 +305,9 @@ async fn infer_one(
     };
     let limits = *state.limits();
     let regions = state.shared_memory().clone();
-    let len =
-        decode_bytes(&model, len, || request.inputs.iter().any(|i| i.parameters.contains_key(shm::REGION_PARAMETER)));
+    let cuda = regions.has_cuda();
+    let names_a_region = || request.inputs.iter().any(|i| i.parameters.contains_key(shm::REGION_PARAMETER));
+    let len = decode_bytes(&model, len, cuda, names_a_region);
     let mut call = decode(&model, len, move |meta| decode_infer(request, meta, &limits, &*regions)).await?;
     let deadline = [call.timeout.and_then(deadline_in), deadline.map(|d| d.0)].into_iter().flatten().min();
     let request = InferRequest::new(Input::Tensors(call.inputs)).with_deadline(deadline);
@@ -310,7 +316,8 @@ async fn infer_one(
     let served = infer(state, &model, request, &hold).await?;
     let (id, selection, classification, read) = (call.id, call.outputs, call.classification, call.input_memory);
     let encoder = model.clone();
-    encode(served, move |mut served| {
+    let to_device = cuda && selection.iter().any(|w| w.memory.is_some());
+    encode_shared(served, to_device, move |mut served| {
         let meta = encoder.metadata();
         classify_outputs(&encoder, &mut served.answer.tensors, &classification)?;
         encode_infer(encoder.name(), encoder.version, id, meta, &served.answer.tensors, &selection, &read)

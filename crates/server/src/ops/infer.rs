@@ -61,10 +61,10 @@ impl Served {
 
 /// The work a decode of a `len`-byte body for `model` does, in bytes, for [`decode`]: `len`, or at least enough to
 /// leave the runtime where the decode may copy an input out of shared memory. That is where the model takes an input
-/// that is not floating-point (see `Span::read_input`: floats are read in place) and `names_a_region` says the
-/// request may name a region.
-pub fn decode_bytes(model: &LoadedModel, len: usize, names_a_region: impl FnOnce() -> bool) -> usize {
-    if model.metadata().inputs.iter().any(|s| Span::copies(s.datatype)) && names_a_region() {
+/// that is not floating-point (see `Span::read_input`: floats are read in place) or a CUDA region is registered (its
+/// inputs are copied from the GPU), and `names_a_region` says the request may name a region.
+pub fn decode_bytes(model: &LoadedModel, len: usize, cuda: bool, names_a_region: impl FnOnce() -> bool) -> usize {
+    if (cuda || model.metadata().inputs.iter().any(|s| Span::copies(s.datatype))) && names_a_region() {
         len.max(INLINE_WORK_BYTES + 1)
     } else {
         len
@@ -114,7 +114,18 @@ pub async fn encode<T: Send + 'static>(
     served: Served,
     encode: impl FnOnce(Served) -> Result<T, CodecError> + Send + 'static,
 ) -> Result<T, AppError> {
-    Ok(off_runtime_answering(encodes_large(&served.answer.tensors), move || encode(served)).await??)
+    encode_shared(served, false, encode).await
+}
+
+/// [`encode`], for an answer that may write its outputs to shared memory: off the runtime also where `to_device`
+/// says one of them goes to a CUDA region (a copy to a GPU).
+pub async fn encode_shared<T: Send + 'static>(
+    served: Served,
+    to_device: bool,
+    encode: impl FnOnce(Served) -> Result<T, CodecError> + Send + 'static,
+) -> Result<T, AppError> {
+    let off = to_device || encodes_large(&served.answer.tensors);
+    Ok(off_runtime_answering(off, move || encode(served)).await??)
 }
 
 /// A request's option: its answer's encoder scans every output for NaN and infinity as it writes it to shared

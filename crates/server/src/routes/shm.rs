@@ -1,7 +1,6 @@
-//! Triton's shared-memory extension over HTTP: system shared-memory regions registered, listed and unregistered
-//! ([`crate::shm`]); inputs and outputs then name them in their parameters (the codec's [`crate::codec::shm`]).
-//! CUDA shared memory answers as a server without such regions does: none listed, none to unregister, and
-//! registering refused with a message that says what to use instead.
+//! Triton's shared-memory extensions over HTTP: system and CUDA shared-memory regions registered, listed and
+//! unregistered ([`crate::shm`]); inputs and outputs then name them in their parameters (the codec's
+//! [`crate::codec::shm`]). A build without CUDA refuses to register a CUDA region, saying what to use instead.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -14,7 +13,7 @@ use utoipa_axum::routes;
 
 use super::json_request;
 use crate::error::{AppError, ErrorBody};
-use crate::shm::{cuda_refused, not_registered, RegionStatus};
+use crate::shm::{CudaRegionStatus, Handle, Kind, RegionStatus};
 use crate::state::AppState;
 
 /// The routes, behind the API key when one is configured.
@@ -80,7 +79,7 @@ async fn system_register(
 #[utoipa::path(post, path = "/v2/systemsharedmemory/unregister", tag = "shared-memory",
     responses((status = 200, description = "Unregistered")), security(("api_key" = [])))]
 async fn system_unregister_all(State(state): State<AppState>) -> StatusCode {
-    state.shared_memory().unregister(None);
+    state.shared_memory().unregister(Kind::System, None);
     StatusCode::OK
 }
 
@@ -90,44 +89,75 @@ async fn system_unregister_all(State(state): State<AppState>) -> StatusCode {
     params(("region" = String, Path, description = "The region's name")),
     responses((status = 200, description = "Unregistered")), security(("api_key" = [])))]
 async fn system_unregister(State(state): State<AppState>, Path(region): Path<String>) -> StatusCode {
-    state.shared_memory().unregister(Some(&region));
+    state.shared_memory().unregister(Kind::System, Some(&region));
     StatusCode::OK
 }
 
-/// Every registered CUDA shared-memory region: none.
-#[utoipa::path(get, path = "/v2/cudasharedmemory/status", tag = "shared-memory",
-    responses((status = 200, body = Vec<Object>)), security(("api_key" = [])))]
-async fn cuda_status() -> Json<Vec<serde_json::Value>> {
-    Json(Vec::new())
+/// A CUDA shared-memory region to register: `byte_size` bytes of the GPU allocation whose IPC handle is `raw_handle`.
+#[derive(Deserialize, utoipa::ToSchema)]
+pub struct CudaRegisterRequest {
+    /// The `cudaIpcMemHandle_t`'s 64 bytes, in base64.
+    pub raw_handle: RawHandle,
+    /// The GPU the allocation is on.
+    pub device_id: i64,
+    pub byte_size: u64,
 }
 
-/// One registered CUDA shared-memory region: none is.
+/// Binary data as Triton's JSON carries it.
+#[derive(Deserialize, utoipa::ToSchema)]
+pub struct RawHandle {
+    pub b64: String,
+}
+
+/// Every registered CUDA shared-memory region.
+#[utoipa::path(get, path = "/v2/cudasharedmemory/status", tag = "shared-memory",
+    responses((status = 200, body = Vec<CudaRegionStatus>)), security(("api_key" = [])))]
+async fn cuda_status(State(state): State<AppState>) -> Result<Json<Vec<CudaRegionStatus>>, AppError> {
+    Ok(Json(state.shared_memory().cuda_status(None)?))
+}
+
+/// One registered CUDA shared-memory region.
 #[utoipa::path(get, path = "/v2/cudasharedmemory/region/{region}/status", tag = "shared-memory",
     params(("region" = String, Path, description = "The region's name")),
-    responses((status = 400, body = ErrorBody)), security(("api_key" = [])))]
-async fn cuda_region_status(Path(region): Path<String>) -> AppError {
-    not_registered(&region)
+    responses((status = 200, body = Vec<CudaRegionStatus>), (status = 400, body = ErrorBody)),
+    security(("api_key" = [])))]
+async fn cuda_region_status(
+    State(state): State<AppState>,
+    Path(region): Path<String>,
+) -> Result<Json<Vec<CudaRegionStatus>>, AppError> {
+    Ok(Json(state.shared_memory().cuda_status(Some(&region))?))
 }
 
-/// Registering a CUDA shared-memory region: refused, saying what to use instead.
+/// Registers a CUDA shared-memory region (with `--allow-client-shm`, in the CUDA build).
 #[utoipa::path(post, path = "/v2/cudasharedmemory/region/{region}/register", tag = "shared-memory",
-    params(("region" = String, Path, description = "The region's name")),
-    responses((status = 400, body = ErrorBody)), security(("api_key" = [])))]
-async fn cuda_register(Path(_region): Path<String>) -> AppError {
-    cuda_refused()
+    params(("region" = String, Path, description = "The name requests will give the region")),
+    request_body(content = CudaRegisterRequest),
+    responses((status = 200, description = "Registered"), (status = 400, body = ErrorBody)),
+    security(("api_key" = [])))]
+async fn cuda_register(
+    State(state): State<AppState>,
+    Path(region): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<StatusCode, AppError> {
+    let CudaRegisterRequest { raw_handle, device_id, byte_size } = json_request(body, "CUDA shared memory register")?;
+    let handle = Handle::Base64(raw_handle.b64);
+    state.shared_memory().register_cuda(region, handle, device_id, byte_size).await?;
+    Ok(StatusCode::OK)
 }
 
-/// Unregisters every CUDA shared-memory region: there are none (clients such as perf_analyzer call it first).
+/// Unregisters every CUDA shared-memory region; requests using one finish with it.
 #[utoipa::path(post, path = "/v2/cudasharedmemory/unregister", tag = "shared-memory",
-    responses((status = 200, description = "Nothing to unregister")), security(("api_key" = [])))]
-async fn cuda_unregister_all() -> StatusCode {
+    responses((status = 200, description = "Unregistered")), security(("api_key" = [])))]
+async fn cuda_unregister_all(State(state): State<AppState>) -> StatusCode {
+    state.shared_memory().unregister(Kind::Cuda, None);
     StatusCode::OK
 }
 
-/// Unregisters a CUDA shared-memory region: none is registered.
+/// Unregisters a CUDA shared-memory region (a name not registered is no error); requests using it finish with it.
 #[utoipa::path(post, path = "/v2/cudasharedmemory/region/{region}/unregister", tag = "shared-memory",
     params(("region" = String, Path, description = "The region's name")),
-    responses((status = 200, description = "Nothing to unregister")), security(("api_key" = [])))]
-async fn cuda_unregister(Path(_region): Path<String>) -> StatusCode {
+    responses((status = 200, description = "Unregistered")), security(("api_key" = [])))]
+async fn cuda_unregister(State(state): State<AppState>, Path(region): Path<String>) -> StatusCode {
+    state.shared_memory().unregister(Kind::Cuda, Some(&region));
     StatusCode::OK
 }

@@ -19,7 +19,9 @@ use crate::codec::v2::models::{
 };
 use crate::codec::v2::{decode_infer, encode_infer, V2InferRequest, V2InferResponse, JSON_LENGTH_HEADER};
 use crate::error::{body_error, AppError, ErrorBody, InferErrors};
-use crate::ops::infer::{classify_outputs, deadline_in, decode, decode_bytes, encode, infer, scan_outputs_on_write};
+use crate::ops::infer::{
+    classify_outputs, deadline_in, decode, decode_bytes, encode_shared, infer, scan_outputs_on_write,
+};
 use crate::ops::models;
 use crate::ops::repository;
 use crate::request::{InflightHold, RoutedModel};
@@ -221,8 +223,9 @@ async fn run_infer(
     let body = body.map_err(body_error)?;
     let limits = *state.limits();
     let regions = state.shared_memory().clone();
+    let cuda = regions.has_cuda();
     let json = &body[..json_length.unwrap_or(body.len()).min(body.len())];
-    let len = decode_bytes(&model, body.len(), || {
+    let len = decode_bytes(&model, body.len(), cuda, || {
         regions.in_use() && json.windows(REGION_PARAMETER.len()).any(|w| w == REGION_PARAMETER.as_bytes())
     });
     let mut call = decode(&model, len, move |meta| decode_infer(&body, json_length, meta, &limits, &*regions)).await?;
@@ -233,7 +236,8 @@ async fn run_infer(
     let mut headers = served.headers();
     let (id, selection, classification, read) = (call.id, call.outputs, call.classification, call.input_memory);
     let encoder = model.clone();
-    let (body, json_len) = encode(served, move |mut served| {
+    let to_device = cuda && selection.iter().any(|w| w.memory.is_some());
+    let (body, json_len) = encode_shared(served, to_device, move |mut served| {
         let meta = encoder.metadata();
         classify_outputs(&encoder, &mut served.answer.tensors, &classification)?;
         encode_infer(encoder.name(), encoder.version, id.as_deref(), meta, &served.answer.tensors, &selection, &read)

@@ -1,12 +1,14 @@
-//! Triton's system shared memory: regions that a client on the same host created (POSIX shared memory, under
-//! `/dev/shm`) and registered by name, which its requests then name for their inputs and outputs. A region's object
-//! is opened and mapped once, at registration: an engine reads inputs where the client wrote them, and outputs are
-//! copied straight into the client's memory. A client that shrinks its object under a registered region fails its
-//! own requests, not the server ([`mapping`]). A region unregistered while requests use it stays mapped until the
-//! last of them lets go of it.
+//! Triton's shared memory: regions that a client on the same host made and registered by name, which its requests
+//! then name for their inputs and outputs. System shared memory (POSIX, under `/dev/shm`) is opened and mapped once,
+//! at registration: an engine reads inputs where the client wrote them, and outputs are copied straight into the
+//! client's memory. A client that shrinks its object under a registered region fails its own requests, not the
+//! server ([`mapping`]). CUDA shared memory (a GPU allocation's IPC handle, [`cuda`]) is opened once too, and read
+//! and written by copies to and from the host. Both kinds share one namespace, as in Triton. A region unregistered
+//! while requests use it stays open until the last of them lets go of it.
 //!
 //! Off unless the server is started with `--allow-client-shm`: a registered key reaches any shared-memory object the
-//! server's user may open, so it is for a gateway on the same host that the operator trusts.
+//! server's user may open (a handle, any GPU memory its owner exported), so it is for a gateway on the same host
+//! that the operator trusts.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -20,8 +22,10 @@ use rustix::fs::{Mode, OFlags};
 use crate::error::AppError;
 use crate::metrics::Metrics;
 
+mod cuda;
 mod mapping;
 
+pub use cuda::{CudaRegion, CudaRegionStatus, Handle};
 use mapping::Mapping;
 
 /// Where Linux keeps POSIX shared-memory objects: `shm_open("/name")` opens `/dev/shm/name`.
@@ -30,8 +34,48 @@ pub const SHM_DIR: &str = "/dev/shm";
 /// The registered regions, by name.
 pub struct SharedMemory {
     allowed: bool,
-    regions: Mutex<BTreeMap<String, Arc<SystemRegion>>>,
+    regions: Mutex<BTreeMap<String, Registered>>,
     metrics: Arc<Metrics>,
+}
+
+/// The two kinds of region, each with its own register, status and unregister calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    System,
+    Cuda,
+}
+
+impl Kind {
+    /// The kind's name in messages and in the metrics' `kind` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::System => "system",
+            Kind::Cuda => "cuda",
+        }
+    }
+}
+
+/// A registered region of either kind.
+#[derive(Clone)]
+enum Registered {
+    System(Arc<SystemRegion>),
+    Cuda(Arc<CudaRegion>),
+}
+
+impl Registered {
+    fn kind(&self) -> Kind {
+        match self {
+            Registered::System(_) => Kind::System,
+            Registered::Cuda(_) => Kind::Cuda,
+        }
+    }
+
+    fn byte_size(&self) -> u64 {
+        match self {
+            Registered::System(r) => r.byte_size,
+            Registered::Cuda(r) => r.byte_size,
+        }
+    }
 }
 
 /// A registered region: `byte_size` bytes at `offset` in the object `key`.
@@ -59,13 +103,18 @@ impl SharedMemory {
         memory
     }
 
-    fn regions(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<SystemRegion>>> {
+    fn regions(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Registered>> {
         self.regions.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Whether any region is registered: requests name none otherwise.
     pub fn in_use(&self) -> bool {
         !self.regions().is_empty()
+    }
+
+    /// Whether a CUDA region is registered: a request that names a region may then copy from or to a GPU.
+    pub fn has_cuda(&self) -> bool {
+        self.regions().values().any(|r| r.kind() == Kind::Cuda)
     }
 
     /// Registers `byte_size` bytes at `offset` in the object `key` as region `name`. Opens the object: off the async
@@ -77,11 +126,40 @@ impl SharedMemory {
         offset: u64,
         byte_size: u64,
     ) -> Result<(), AppError> {
+        self.register_with(name, Kind::System, move || {
+            SystemRegion::open(key, offset, byte_size).map(|r| Registered::System(Arc::new(r)))
+        })
+        .await
+    }
+
+    /// Registers `byte_size` bytes of the GPU memory whose CUDA IPC handle is `handle`, on GPU `device`, as region
+    /// `name`. Opens the handle: off the async runtime.
+    pub async fn register_cuda(
+        self: &Arc<Self>,
+        name: String,
+        handle: Handle,
+        device: i64,
+        byte_size: u64,
+    ) -> Result<(), AppError> {
+        self.register_with(name, Kind::Cuda, move || {
+            CudaRegion::open(handle, device, byte_size).map(|r| Registered::Cuda(Arc::new(r)))
+        })
+        .await
+    }
+
+    /// Registers what `open` opens, of `kind`, as region `name`, where that name is free.
+    async fn register_with(
+        self: &Arc<Self>,
+        name: String,
+        kind: Kind,
+        open: impl FnOnce() -> Result<Registered, AppError> + Send + 'static,
+    ) -> Result<(), AppError> {
         if !self.allowed {
-            return Err(AppError::bad_request(
-                "system shared memory is off: start inferd with --allow-client-shm to let clients on this host \
-                 register regions",
-            ));
+            return Err(AppError::bad_request(format!(
+                "{} shared memory is off: start inferd with --allow-client-shm to let clients on this host register \
+                 regions",
+                kind.as_str()
+            )));
         }
         if name.is_empty() {
             return Err(AppError::bad_request("a shared memory region needs a name"));
@@ -92,7 +170,7 @@ impl SharedMemory {
                 quoted(&name)
             )));
         }
-        let region = tokio::task::spawn_blocking(move || SystemRegion::open(key, offset, byte_size))
+        let region = tokio::task::spawn_blocking(open)
             .await
             .map_err(|e| AppError::internal(format!("opening a shared memory region: {e}")))??;
         let mut regions = self.regions();
@@ -102,55 +180,81 @@ impl SharedMemory {
                 quoted(&name)
             )));
         }
-        regions.insert(name, Arc::new(region));
+        regions.insert(name, region);
         drop(regions);
         self.count();
         Ok(())
     }
 
-    /// Unregisters region `name`, or every region: a name not registered is no error, as in Triton. Requests that
-    /// hold a region keep it until they end.
-    pub fn unregister(&self, name: Option<&str>) {
-        // Taken out under the lock, unmapped (where no request holds them) after it.
-        let removed: Vec<Arc<SystemRegion>> = match name {
-            Some(name) => self.regions().remove(name).into_iter().collect(),
-            None => std::mem::take(&mut *self.regions()).into_values().collect(),
+    /// Unregisters region `name` of `kind`, or every region of that kind: a name not registered (as that kind) is no
+    /// error, as in Triton. Requests that hold a region keep it until they end.
+    pub fn unregister(&self, kind: Kind, name: Option<&str>) {
+        // Taken out under the lock, closed (where no request holds them) after it.
+        let removed: Vec<Registered> = {
+            let mut regions = self.regions();
+            match name {
+                Some(name) if regions.get(name).is_some_and(|r| r.kind() == kind) => {
+                    regions.remove(name).into_iter().collect()
+                }
+                Some(_) => Vec::new(),
+                None => {
+                    let (taken, kept) = std::mem::take(&mut *regions).into_iter().partition(|(_, r)| r.kind() == kind);
+                    *regions = kept;
+                    taken.into_values().collect()
+                }
+            }
         };
         self.count();
         drop(removed);
     }
 
-    /// Region `name`'s status, or every region's: refused for a name not registered.
+    /// Region `name`'s status, or every system region's: refused for a name not registered as one.
     pub fn status(&self, name: Option<&str>) -> Result<Vec<RegionStatus>, AppError> {
+        self.statuses(name, |name, r| match r {
+            Registered::System(r) => Some(RegionStatus {
+                name: name.to_owned(),
+                key: r.key.clone(),
+                offset: r.offset,
+                byte_size: r.byte_size,
+            }),
+            Registered::Cuda(_) => None,
+        })
+    }
+
+    /// CUDA region `name`'s status, or every CUDA region's: refused for a name not registered as one.
+    pub fn cuda_status(&self, name: Option<&str>) -> Result<Vec<CudaRegionStatus>, AppError> {
+        self.statuses(name, |name, r| match r {
+            Registered::Cuda(r) => Some(r.status(name)),
+            Registered::System(_) => None,
+        })
+    }
+
+    fn statuses<T>(
+        &self,
+        name: Option<&str>,
+        shown: impl Fn(&str, &Registered) -> Option<T>,
+    ) -> Result<Vec<T>, AppError> {
         let regions = self.regions();
-        let shown = |(name, r): (&String, &Arc<SystemRegion>)| RegionStatus {
-            name: name.clone(),
-            key: r.key.clone(),
-            offset: r.offset,
-            byte_size: r.byte_size,
-        };
         match name {
-            None => Ok(regions.iter().map(shown).collect()),
-            Some(name) => match regions.get_key_value(name) {
-                Some(entry) => Ok(vec![shown(entry)]),
+            None => Ok(regions.iter().filter_map(|(name, r)| shown(name, r)).collect()),
+            Some(name) => match regions.get(name).and_then(|r| shown(name, r)) {
+                Some(status) => Ok(vec![status]),
                 None => Err(not_registered(name)),
             },
         }
     }
 
-    /// The metrics' count of regions and their bytes.
+    /// The metrics' count of regions and their bytes, by kind.
     fn count(&self) {
         let regions = self.regions();
-        self.metrics.shared_memory(regions.len(), regions.values().map(|r| r.byte_size).sum());
+        for kind in [Kind::System, Kind::Cuda] {
+            let (count, bytes) = regions
+                .values()
+                .filter(|r| r.kind() == kind)
+                .fold((0, 0), |(count, bytes), r| (count + 1, bytes + r.byte_size()));
+            self.metrics.shared_memory(kind.as_str(), count, bytes);
+        }
     }
-}
-
-/// What registering a CUDA shared-memory region answers, over either protocol.
-pub fn cuda_refused() -> AppError {
-    AppError::bad_request(
-        "CUDA shared memory (cudaIPC handles) is not served by inferd: register system shared memory \
-         (/v2/systemsharedmemory, with --allow-client-shm), or send the tensors in the request",
-    )
 }
 
 /// The error for a region name that is not registered.
@@ -160,7 +264,10 @@ pub fn not_registered(name: &str) -> AppError {
 
 impl Regions for SharedMemory {
     fn region(&self, name: &str) -> Option<Arc<dyn Region>> {
-        self.regions().get(name).map(|r| r.clone() as Arc<dyn Region>)
+        self.regions().get(name).map(|r| match r {
+            Registered::System(r) => r.clone() as Arc<dyn Region>,
+            Registered::Cuda(r) => r.clone() as Arc<dyn Region>,
+        })
     }
 }
 
@@ -218,6 +325,10 @@ impl Region for SystemRegion {
 
     fn read(self: Arc<Self>, offset: usize, len: usize) -> std::io::Result<Bytes> {
         Ok(Bytes::from_owner(InPlace { region: self, offset, len }))
+    }
+
+    fn reads_in_place(&self) -> bool {
+        true
     }
 
     fn write(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()> {

@@ -1,0 +1,75 @@
+//! A registered CUDA shared-memory region: a span of a client's GPU memory, opened from the IPC handle it exported
+//! (`inferd_candle::ipc`, where the build's CUDA lives). Inputs are copied from it to the host and outputs back, on
+//! a stream of the region's own; a build without CUDA refuses to register one, saying what to use instead.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use inferd_candle::ipc::IpcMemory;
+use inferd_codec::shm::Region;
+
+use crate::error::AppError;
+
+/// `byte_size` bytes from the start of the allocation a client's handle names, on GPU `device_id`.
+pub struct CudaRegion {
+    pub device_id: u64,
+    pub byte_size: u64,
+    memory: IpcMemory,
+}
+
+/// A CUDA region as the status calls show it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct CudaRegionStatus {
+    pub name: String,
+    pub device_id: u64,
+    pub byte_size: u64,
+}
+
+impl CudaRegion {
+    /// Opens the memory `handle` names on GPU `device`: refused (400) where the handle, the GPU or the size is
+    /// wrong, or first of all where the build has no CUDA. Blocks on the driver: off the async runtime.
+    pub(super) fn open(handle: Handle, device: i64, byte_size: u64) -> Result<CudaRegion, AppError> {
+        let refused = |e: inferd_core::Error| AppError::bad_request(format!("CUDA shared memory: {e}"));
+        let device_id = u64::try_from(device)
+            .map_err(|_| AppError::bad_request(format!("device_id {device} is not a GPU: GPUs count from 0")))?;
+        let gpu = usize::try_from(device_id).unwrap_or(usize::MAX);
+        IpcMemory::supported(gpu).map_err(refused)?;
+        let size = usize::try_from(byte_size)
+            .map_err(|_| AppError::bad_request("the region is larger than this machine addresses"))?;
+        let handle = match handle {
+            Handle::Bytes(bytes) => bytes,
+            Handle::Base64(b64) => {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD
+                    .decode(b64.trim())
+                    .map_err(|e| AppError::bad_request(format!("raw_handle.b64 is not base64: {e}")))?
+            }
+        };
+        let memory = IpcMemory::open(&handle, gpu, size).map_err(refused)?;
+        Ok(CudaRegion { device_id, byte_size, memory })
+    }
+
+    pub(super) fn status(&self, name: &str) -> CudaRegionStatus {
+        CudaRegionStatus { name: name.to_owned(), device_id: self.device_id, byte_size: self.byte_size }
+    }
+}
+
+impl Region for CudaRegion {
+    fn byte_size(&self) -> usize {
+        self.memory.byte_size()
+    }
+
+    fn read(self: Arc<Self>, offset: usize, len: usize) -> std::io::Result<Bytes> {
+        self.memory.read(offset, len).map(Bytes::from).map_err(std::io::Error::other)
+    }
+
+    fn write(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()> {
+        self.memory.write(offset, bytes).map_err(std::io::Error::other)
+    }
+}
+
+/// A CUDA IPC handle as a protocol carries it: gRPC's bytes, or HTTP's base64 (`raw_handle: {"b64": ...}`).
+pub enum Handle {
+    Bytes(Vec<u8>),
+    Base64(String),
+}
