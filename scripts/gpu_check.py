@@ -32,6 +32,7 @@ import urllib.request
 
 # 1 and 2, the machine's part (its libraries and test executables), beside this file; benches/gpu_*.py reach these
 # through this module too.
+import gpu_cudashm
 from gpu_machine import (Sampler, check_links, find_libraries, onnxruntime_gpu, process_gpu_mib, run, run_tests,
                          smi)
 
@@ -147,7 +148,7 @@ class Server:
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = open(os.path.join(results, "server.log"), "w")
         cmd = [os.path.join(bundle, "bin", "inferd"), "serve", "--models", repo, "--host", "127.0.0.1",
-               "--port", str(self.port), "--gpu-refresh-ms", "500", "--max-rows", "4096"]
+               "--port", str(self.port), "--gpu-refresh-ms", "500", "--max-rows", "4096", "--allow-client-shm"]
         if onnxruntime_lib:
             cmd += ["--onnxruntime-lib", onnxruntime_lib]
         # candle's debug lines say where the GPU's memory went at each step of a load (server.log).
@@ -234,15 +235,31 @@ def report_memory(table, server, plan, stage, only=None):
     return gpu_mib
 
 
-def check_rest(table, server, warm_mib, loaded_mib):
+def settle(server):
+    """Waits for the idle models' release (12 s after the last request) and for the process's GPU memory to stop
+    falling; returns it."""
+    time.sleep(12)
+    held = process_gpu_mib(server.proc.pid)
+    for _ in range(10):
+        time.sleep(1)
+        now = process_gpu_mib(server.proc.pid)
+        if now is None or held is None or now >= held:
+            return now if held is None else held
+        held = now
+    return held
+
+
+def check_rest(table, server, warm_mib, rested_mib, loaded_mib):
     """Once the loads stop, each worker gives back its engine's cached memory after `release_after_idle_ms`
     (default 10 s): waits up to 30 s for the process's GPU memory to come back within 10 % of what it held after
     warm-up (the memory goal's line for resting after a load) and to keep no more than a quarter of what the loads
-    grew (8 MiB at least), which it would keep without the release."""
-    grown = loaded_mib - warm_mib
+    grew (8 MiB at least) from what it held at rest before them (`rested_mib`: kernels the output checks loaded
+    into the context stay), which it would keep without the release."""
+    base = warm_mib if rested_mib is None else rested_mib
+    grown = loaded_mib - base
 
     def rested_ok(mib):
-        return mib is not None and mib <= warm_mib * 1.10 and mib - warm_mib <= max(8, grown / 4)
+        return mib is not None and mib <= warm_mib * 1.10 and mib - base <= max(8, grown / 4)
 
     started = time.monotonic()
     rested = process_gpu_mib(server.proc.pid)
@@ -250,8 +267,9 @@ def check_rest(table, server, warm_mib, loaded_mib):
         time.sleep(1)
         rested = process_gpu_mib(server.proc.pid)
     waited = time.monotonic() - started
-    figure = (f"GPU {rested} MiB within {waited:.0f} s of the loads' end ({loaded_mib} MiB then, {warm_mib} MiB after "
-              f"warm-up; at most +10 % and a quarter of the loads' growth)")
+    figure = (f"GPU {rested} MiB within {waited:.0f} s of the loads' end ({loaded_mib} MiB then, {base} MiB at rest "
+              f"before them, {warm_mib} MiB after warm-up; at most +10 % of warm-up and a quarter of the loads' "
+              f"growth)")
     if grown < 8 and rested_ok(rested):
         table.add("memory at rest", "inferd", FIGURE, figure + f"; the loads grew it by {grown} MiB only")
     else:
@@ -550,6 +568,9 @@ def check(table, plan, bundle, results):
             check_architecture(table, server, name)
         for name in clips:
             check_clip(table, server, bundle, name)
+        # The models the output checks ran give back their working memory once idle (`release_after_idle_ms`,
+        # 10 s): what the process holds then is what the loads' growth, and its return, are measured from.
+        rested = None if plan.rehearse else settle(server)
         # Each load's growth of the process's GPU memory is that model's: the arena it grew under 64 clients.
         for model, protocol in [("digits-gpu-fp32", "predict")] + ([("minilm-gpu-fp16", "embed")] if minilm else []):
             before = None if plan.rehearse else process_gpu_mib(server.proc.pid)
@@ -559,7 +580,9 @@ def check(table, plan, bundle, results):
                 table.add("memory after load", model, FIGURE, f"the process's GPU memory grew {after - before} MiB "
                           f"under its load ({before} -> {after} MiB)")
         if warm is not None and after is not None:
-            check_rest(table, server, warm, after)
+            check_rest(table, server, warm, rested, after)
+        library_path = env.get("LD_LIBRARY_PATH", "")
+        gpu_cudashm.check(table, plan, http, server.base, library_path, pixels, ["digits-cpu", "digits-gpu-fp32"])
     finally:
         server.stop()
 
