@@ -77,11 +77,16 @@ def check(table, plan, http, base, library_path, pixels, models):
     rows = pixels
     data = struct.pack(f"<{len(rows) * 64}f", *(v for row in rows for v in row))
     in_size, out_size = len(data), len(rows) * 10 * 4
+    # The server's metadata lists the extension where the build serves it: the CUDA build's, not the CPU build's.
+    status, meta = http(base, "/v2")
+    listed = "cuda_shared_memory" in (meta.get("extensions", []) if isinstance(meta, dict) else [])
     if plan.rehearse:
         status, answer = register(http, base, "in", base64.b64encode(bytes(HANDLE_BYTES)).decode(), in_size)
         message = answer.get("error", "") if isinstance(answer, dict) else str(answer)
-        return table.add("cuda shm", "register on the CPU build", status == 400 and "CUDA build" in message,
-                         f"{status}: {message[:160]}")
+        return table.add("cuda shm", "register on the CPU build",
+                         status == 400 and "CUDA build" in message and not listed,
+                         f"{status}: {message[:160]}; listed in /v2's extensions: {listed}")
+    table.add("cuda shm", "listed in /v2's extensions", listed, f"{meta.get('extensions') if listed else meta}")
     cuda = Cuda(library_path)
     pointers = []
     try:

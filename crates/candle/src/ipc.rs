@@ -8,6 +8,9 @@ use inferd_core::{Error, Result};
 /// The bytes of a CUDA IPC memory handle (`CU_IPC_HANDLE_SIZE`).
 pub const IPC_HANDLE_BYTES: usize = 64;
 
+/// Whether this build opens CUDA IPC memory: the CUDA build does.
+pub const SUPPORTED: bool = cfg!(feature = "cuda");
+
 /// `byte_size` bytes of another process's GPU memory, from the start of the allocation its handle names; closed
 /// when dropped.
 pub struct IpcMemory {
@@ -54,7 +57,7 @@ impl IpcMemory {
     /// Refused, saying what to use instead, where this build cannot open GPU memory (it has no CUDA): what a
     /// client hears first, whatever else is wrong with its request.
     pub fn supported(device: usize) -> Result<()> {
-        if cfg!(feature = "cuda") {
+        if SUPPORTED {
             return Ok(());
         }
         Err(Error::Unsupported(format!(

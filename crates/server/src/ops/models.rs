@@ -18,8 +18,8 @@ use crate::error::AppError;
 use crate::registry::ModelEntry;
 use crate::state::AppState;
 
-/// The KServe v2 / Triton extensions the server serves, by Triton's names: the same list on HTTP and gRPC, as Triton
-/// gives it. perf_analyzer reads `statistics`, and then calls `ModelStatistics` around each measurement.
+/// The KServe v2 / Triton extensions every build serves, by Triton's names: the same list on HTTP and gRPC, as
+/// Triton gives it. perf_analyzer reads `statistics`, and then calls `ModelStatistics` around each measurement.
 pub const EXTENSIONS: &[&str] = &[
     "binary_tensor_data",
     "classification",
@@ -31,9 +31,14 @@ pub const EXTENSIONS: &[&str] = &[
     "logging",
 ];
 
-/// The server's metadata.
+/// The server's metadata: the extensions this build serves.
 pub fn server_metadata() -> V2ServerMetadata {
-    V2ServerMetadata { name: "inferd", version: env!("CARGO_PKG_VERSION"), extensions: EXTENSIONS }
+    // CUDA shared memory too, where this build serves it.
+    static SERVED: std::sync::LazyLock<Vec<&str>> = std::sync::LazyLock::new(|| {
+        let cuda = inferd_candle::ipc::SUPPORTED.then_some("cuda_shared_memory");
+        EXTENSIONS.iter().copied().chain(cuda).collect()
+    });
+    V2ServerMetadata { name: "inferd", version: env!("CARGO_PKG_VERSION"), extensions: &SERVED }
 }
 
 /// The server takes traffic, or the 503 that says why not.
