@@ -14,7 +14,8 @@ use crate::error::AppError;
 pub struct CudaRegion {
     pub device_id: u64,
     pub byte_size: u64,
-    memory: IpcMemory,
+    /// Held until the region drops, then closed off the async runtime (see `Drop`).
+    memory: Option<IpcMemory>,
 }
 
 /// A CUDA region as the status calls show it.
@@ -46,7 +47,11 @@ impl CudaRegion {
             }
         };
         let memory = IpcMemory::open(&handle, gpu, size).map_err(refused)?;
-        Ok(CudaRegion { device_id, byte_size, memory })
+        Ok(CudaRegion { device_id, byte_size, memory: Some(memory) })
+    }
+
+    fn memory(&self) -> &IpcMemory {
+        self.memory.as_ref().expect("a region's memory is held until it drops: this is a bug")
     }
 
     pub(super) fn status(&self, name: &str) -> CudaRegionStatus {
@@ -56,15 +61,32 @@ impl CudaRegion {
 
 impl Region for CudaRegion {
     fn byte_size(&self) -> usize {
-        self.memory.byte_size()
+        self.memory().byte_size()
     }
 
     fn read(self: Arc<Self>, offset: usize, len: usize) -> std::io::Result<Bytes> {
-        self.memory.read(offset, len).map(Bytes::from).map_err(std::io::Error::other)
+        self.memory().read(offset, len).map(Bytes::from).map_err(std::io::Error::other)
     }
 
     fn write(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()> {
-        self.memory.write(offset, bytes).map_err(std::io::Error::other)
+        self.memory().write(offset, bytes).map_err(std::io::Error::other)
+    }
+}
+
+impl Drop for CudaRegion {
+    /// Closing the handle blocks on the driver, and with the last region of a server whose models are all on the
+    /// CPU it releases the GPU's context too (a tenth of a second or more). A region drops where its last holder
+    /// lets go, an unregister call or a request's end, often on the async runtime: the close runs on a blocking
+    /// thread where a runtime is about.
+    fn drop(&mut self) {
+        let Some(memory) = self.memory.take() else { return };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            // Nothing waits for the close.
+            let _detached = runtime.spawn_blocking(move || {
+                let _closed_here = memory;
+            });
+        }
+        // Else `memory` closes here, on this thread.
     }
 }
 
