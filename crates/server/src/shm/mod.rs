@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
@@ -35,6 +36,8 @@ pub const SHM_DIR: &str = "/dev/shm";
 pub struct SharedMemory {
     allowed: bool,
     regions: Mutex<BTreeMap<String, Registered>>,
+    /// How many of `regions` are CUDA ones, kept with the metrics' count: read by every v2 request, without the lock.
+    cuda_regions: AtomicUsize,
     metrics: Arc<Metrics>,
 }
 
@@ -98,7 +101,7 @@ pub struct RegionStatus {
 impl SharedMemory {
     /// No regions yet; registering refused unless `allowed`.
     pub fn new(allowed: bool, metrics: Arc<Metrics>) -> SharedMemory {
-        let memory = SharedMemory { allowed, regions: Mutex::default(), metrics };
+        let memory = SharedMemory { allowed, regions: Mutex::default(), cuda_regions: AtomicUsize::new(0), metrics };
         memory.count();
         memory
     }
@@ -114,7 +117,7 @@ impl SharedMemory {
 
     /// Whether a CUDA region is registered: a request that names a region may then copy from or to a GPU.
     pub fn has_cuda(&self) -> bool {
-        self.regions().values().any(|r| r.kind() == Kind::Cuda)
+        self.cuda_regions.load(Ordering::Relaxed) > 0
     }
 
     /// Registers `byte_size` bytes at `offset` in the object `key` as region `name`. Opens the object: off the async
@@ -253,6 +256,9 @@ impl SharedMemory {
                 .filter(|r| r.kind() == kind)
                 .fold((0, 0), |(count, bytes), r| (count + 1, bytes + r.byte_size()));
             self.metrics.shared_memory(kind.as_str(), count, bytes);
+            if kind == Kind::Cuda {
+                self.cuda_regions.store(count, Ordering::Relaxed);
+            }
         }
     }
 }
