@@ -108,6 +108,8 @@ def check(table, plan, http, base, library_path, pixels, models):
         status, regions = http(base, "/v2/cudasharedmemory/status")
         table.add("cuda shm", "unregister", status == 200 and regions == [], f"{status}: {regions}")
     finally:
+        # The server lets go of the memory before it is freed, whatever failed (unregister answers once closed).
+        http(base, "/v2/cudasharedmemory/unregister", {})
         for pointer in pointers:
             cuda.free(pointer)
 
@@ -149,6 +151,7 @@ def check_mistakes(table, cuda, http, base, in_size):
         cases = [("zeros", base64.b64encode(bytes(HANDLE_BYTES)).decode(), 256, 0),
                  ("larger than the allocation", cuda.handle(small), 1 << 26, 0),
                  ("no such GPU", cuda.handle(small), 256, 97),
+                 ("a GPU past CUDA's ordinals", cuda.handle(small), 256, 1 << 32),
                  ("a handle of 3 bytes", base64.b64encode(b"abc").decode(), 256, 0)]
         problems = []
         for what, handle, size, device in cases:
@@ -161,6 +164,7 @@ def check_mistakes(table, cuda, http, base, in_size):
         table.add("cuda shm", "a client's mistakes are 400", not problems,
                   "; ".join(problems) or f"{len(cases)} refused, none registered")
     finally:
+        http(base, "/v2/cudasharedmemory/region/bad/unregister", {})
         cuda.free(small)
 
 

@@ -330,8 +330,9 @@ def test_cuda_shared_memory_on_the_cpu_build_is_refused_naming_the_cuda_build(se
     handle = base64.b64encode(bytes(64))
     message = refused(lambda: client.register_cuda_shared_memory("gpu", handle, 0, 64, headers=auth()))
     assert "needs inferd's CUDA build" in message and "system shared memory" in message, message
-    message = refused(lambda: client.register_cuda_shared_memory("gpu", handle, -1, 64, headers=auth()))
-    assert "device_id -1 is not a GPU" in message, message
+    for device in (-1, 1 << 32):  # CUDA numbers GPUs with a C int: past it is no GPU, never GPU 0 wrapped round
+        message = refused(lambda: client.register_cuda_shared_memory("gpu", handle, device, 64, headers=auth()))
+        assert f"device_id {device} is not a GPU" in message, message
     listed = client.get_cuda_shared_memory_status(headers=auth())
     assert (listed == [] if protocol == "http" else not listed.regions), listed
     assert "is not registered" in refused(lambda: client.get_cuda_shared_memory_status("gpu", headers=auth()))

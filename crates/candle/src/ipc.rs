@@ -132,6 +132,9 @@ mod cuda {
             let context = std::panic::catch_unwind(|| CudaContext::new(device))
                 .map_err(|_| Error::Unsupported(format!("GPU {device}: the CUDA driver is not usable here")))?
                 .map_err(|e| failed("cannot use the GPU", e))?;
+            // SAFETY: event tracking orders `CudaSlice`s across streams, and this context makes none. Without it, the
+            // context's first stream waits for every kernel on the GPU (the models' too) before it is made.
+            unsafe { context.disable_event_tracking() };
             let stream = context.new_stream().map_err(|e| failed("cannot make a stream", e))?;
             let mut raw = sys::CUipcMemHandle_st { reserved: [0; IPC_HANDLE_BYTES] };
             for (to, from) in raw.reserved.iter_mut().zip(handle) {
@@ -160,6 +163,9 @@ mod cuda {
         }
 
         pub(super) fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
+            if len == 0 {
+                return Ok(Vec::new());
+            }
             let mut bytes = vec![0u8; len];
             self.copy(|stream| {
                 // SAFETY: the span was checked against the region, which the allocation holds; `bytes` is the
@@ -170,6 +176,9 @@ mod cuda {
         }
 
         pub(super) fn write(&self, offset: usize, bytes: &[u8]) -> Result<()> {
+            if bytes.is_empty() {
+                return Ok(());
+            }
             self.copy(|stream| {
                 // SAFETY: as in `read`, the other way.
                 unsafe { result::memcpy_htod_async(self.base + offset as u64, bytes, stream) }

@@ -123,6 +123,12 @@ impl Span {
         self.size
     }
 
+    /// Whether the span's region is read in place (system shared memory), where a copy would be work (CUDA shared
+    /// memory's, to and from a GPU; see [`Region::reads_in_place`]).
+    pub fn in_place(&self) -> bool {
+        self.region.reads_in_place()
+    }
+
     /// The span's bytes, in place where the region allows (see [`Region::read`]). Whether they were the client's
     /// is known only once the request is done with them: see [`Span::intact`].
     pub fn read(&self) -> Result<Bytes, String> {

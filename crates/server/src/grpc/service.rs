@@ -193,7 +193,7 @@ impl GrpcInferenceService for Inference {
         request: Request<SystemSharedMemoryUnregisterRequest>,
     ) -> Answer<SystemSharedMemoryUnregisterResponse> {
         let name = request.into_inner().name;
-        self.state.shared_memory().unregister(Kind::System, (!name.is_empty()).then_some(name.as_str()));
+        self.state.shared_memory().unregister(Kind::System, (!name.is_empty()).then_some(name.as_str())).await;
         Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
     }
 
@@ -219,7 +219,7 @@ impl GrpcInferenceService for Inference {
         request: Request<CudaSharedMemoryUnregisterRequest>,
     ) -> Answer<CudaSharedMemoryUnregisterResponse> {
         let name = request.into_inner().name;
-        self.state.shared_memory().unregister(Kind::Cuda, (!name.is_empty()).then_some(name.as_str()));
+        self.state.shared_memory().unregister(Kind::Cuda, (!name.is_empty()).then_some(name.as_str())).await;
         Ok(Response::new(CudaSharedMemoryUnregisterResponse {}))
     }
 
@@ -316,7 +316,7 @@ async fn infer_one(
     let served = infer(state, &model, request, &hold).await?;
     let (id, selection, classification, read) = (call.id, call.outputs, call.classification, call.input_memory);
     let encoder = model.clone();
-    let to_device = cuda && selection.iter().any(|w| w.memory.is_some());
+    let to_device = selection.iter().any(|w| w.memory.as_ref().is_some_and(|span| !span.in_place()));
     encode_shared(served, to_device, move |mut served| {
         let meta = encoder.metadata();
         classify_outputs(&encoder, &mut served.answer.tensors, &classification)?;

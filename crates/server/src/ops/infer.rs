@@ -145,7 +145,9 @@ pub fn scan_outputs_on_write(
     classification: &[(usize, usize)],
 ) -> Request {
     let in_memory = |i: usize| {
-        wanted.iter().any(|w| w.index == i && w.memory.is_some()) && classification.iter().all(|&(c, _)| c != i)
+        // In memory read in place: a copy to a GPU is one per write, not one per block of a scan.
+        let in_place = |w: &Wanted| w.memory.as_ref().is_some_and(Span::in_place);
+        wanted.iter().any(|w| w.index == i && in_place(w)) && classification.iter().all(|&(c, _)| c != i)
     };
     let can = !state.allow_non_finite()
         && model.task.service() == Service::Tensors

@@ -79,7 +79,7 @@ async fn system_register(
 #[utoipa::path(post, path = "/v2/systemsharedmemory/unregister", tag = "shared-memory",
     responses((status = 200, description = "Unregistered")), security(("api_key" = [])))]
 async fn system_unregister_all(State(state): State<AppState>) -> StatusCode {
-    state.shared_memory().unregister(Kind::System, None);
+    state.shared_memory().unregister(Kind::System, None).await;
     StatusCode::OK
 }
 
@@ -89,7 +89,7 @@ async fn system_unregister_all(State(state): State<AppState>) -> StatusCode {
     params(("region" = String, Path, description = "The region's name")),
     responses((status = 200, description = "Unregistered")), security(("api_key" = [])))]
 async fn system_unregister(State(state): State<AppState>, Path(region): Path<String>) -> StatusCode {
-    state.shared_memory().unregister(Kind::System, Some(&region));
+    state.shared_memory().unregister(Kind::System, Some(&region)).await;
     StatusCode::OK
 }
 
@@ -149,7 +149,7 @@ async fn cuda_register(
 #[utoipa::path(post, path = "/v2/cudasharedmemory/unregister", tag = "shared-memory",
     responses((status = 200, description = "Unregistered")), security(("api_key" = [])))]
 async fn cuda_unregister_all(State(state): State<AppState>) -> StatusCode {
-    state.shared_memory().unregister(Kind::Cuda, None);
+    state.shared_memory().unregister(Kind::Cuda, None).await;
     StatusCode::OK
 }
 
@@ -158,6 +158,6 @@ async fn cuda_unregister_all(State(state): State<AppState>) -> StatusCode {
     params(("region" = String, Path, description = "The region's name")),
     responses((status = 200, description = "Unregistered")), security(("api_key" = [])))]
 async fn cuda_unregister(State(state): State<AppState>, Path(region): Path<String>) -> StatusCode {
-    state.shared_memory().unregister(Kind::Cuda, Some(&region));
+    state.shared_memory().unregister(Kind::Cuda, Some(&region)).await;
     StatusCode::OK
 }

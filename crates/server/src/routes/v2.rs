@@ -236,7 +236,7 @@ async fn run_infer(
     let mut headers = served.headers();
     let (id, selection, classification, read) = (call.id, call.outputs, call.classification, call.input_memory);
     let encoder = model.clone();
-    let to_device = cuda && selection.iter().any(|w| w.memory.is_some());
+    let to_device = selection.iter().any(|w| w.memory.as_ref().is_some_and(|span| !span.in_place()));
     let (body, json_len) = encode_shared(served, to_device, move |mut served| {
         let meta = encoder.metadata();
         classify_outputs(&encoder, &mut served.answer.tensors, &classification)?;

@@ -31,9 +31,11 @@ impl CudaRegion {
     /// wrong, or first of all where the build has no CUDA. Blocks on the driver: off the async runtime.
     pub(super) fn open(handle: Handle, device: i64, byte_size: u64) -> Result<CudaRegion, AppError> {
         let refused = |e: inferd_core::Error| AppError::bad_request(format!("CUDA shared memory: {e}"));
-        let device_id = u64::try_from(device)
-            .map_err(|_| AppError::bad_request(format!("device_id {device} is not a GPU: GPUs count from 0")))?;
-        let gpu = usize::try_from(device_id).unwrap_or(usize::MAX);
+        // The driver numbers GPUs with a C int.
+        let gpu = i32::try_from(device).ok().and_then(|d| usize::try_from(d).ok()).ok_or_else(|| {
+            AppError::bad_request(format!("device_id {device} is not a GPU: GPUs count from 0, as CUDA's ordinals"))
+        })?;
+        let device_id = gpu as u64;
         IpcMemory::supported(gpu).map_err(refused)?;
         let size = usize::try_from(byte_size)
             .map_err(|_| AppError::bad_request("the region is larger than this machine addresses"))?;
@@ -48,6 +50,11 @@ impl CudaRegion {
         };
         let memory = IpcMemory::open(&handle, gpu, size).map_err(refused)?;
         Ok(CudaRegion { device_id, byte_size, memory: Some(memory) })
+    }
+
+    /// Closes the handle on this thread, now: for an unregister call, which answers once it is closed.
+    pub(super) fn close(mut self) {
+        self.memory = None;
     }
 
     fn memory(&self) -> &IpcMemory {
@@ -75,9 +82,9 @@ impl Region for CudaRegion {
 
 impl Drop for CudaRegion {
     /// Closing the handle blocks on the driver, and with the last region of a server whose models are all on the
-    /// CPU it releases the GPU's context too (a tenth of a second or more). A region drops where its last holder
-    /// lets go, an unregister call or a request's end, often on the async runtime: the close runs on a blocking
-    /// thread where a runtime is about.
+    /// CPU it releases the GPU's context too (a tenth of a second or more). A region still held when unregistered
+    /// drops where its last request lets go of it, often on the async runtime: the close runs on a blocking thread
+    /// where a runtime is about.
     fn drop(&mut self) {
         let Some(memory) = self.memory.take() else { return };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {

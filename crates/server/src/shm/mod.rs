@@ -190,8 +190,10 @@ impl SharedMemory {
     }
 
     /// Unregisters region `name` of `kind`, or every region of that kind: a name not registered (as that kind) is no
-    /// error, as in Triton. Requests that hold a region keep it until they end.
-    pub fn unregister(&self, kind: Kind, name: Option<&str>) {
+    /// error, as in Triton. Requests that hold a region keep it until they end. A CUDA region that none holds is
+    /// closed before this returns, as in Triton, since its client may free the memory once answered: on a blocking
+    /// thread.
+    pub async fn unregister(&self, kind: Kind, name: Option<&str>) {
         // Taken out under the lock, closed (where no request holds them) after it.
         let removed: Vec<Registered> = {
             let mut regions = self.regions();
@@ -208,7 +210,19 @@ impl SharedMemory {
             }
         };
         self.count();
-        drop(removed);
+        let closing: Vec<CudaRegion> = removed
+            .into_iter()
+            .filter_map(|r| match r {
+                Registered::Cuda(r) => Arc::into_inner(r),
+                Registered::System(_) => None,
+            })
+            .collect();
+        if !closing.is_empty() {
+            let closed = tokio::task::spawn_blocking(move || closing.into_iter().for_each(CudaRegion::close)).await;
+            if let Err(e) = closed {
+                tracing::warn!(error = %e, "closing unregistered CUDA shared memory");
+            }
+        }
     }
 
     /// Region `name`'s status, or every system region's: refused for a name not registered as one.
