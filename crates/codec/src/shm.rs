@@ -32,6 +32,11 @@ pub trait Region: Send + Sync {
     fn reads_in_place(&self) -> bool {
         false
     }
+    /// Whether the region is a GPU's memory (CUDA shared memory): each read and write is a copy to or from the
+    /// device, which blocks on the driver and is best made once, whole.
+    fn on_device(&self) -> bool {
+        false
+    }
     /// Whether every read and write so far reached the client's memory: `false` once the region was found to have
     /// lost some of it (its object shrank), whatever a read then gave.
     fn intact(&self) -> bool {
@@ -123,10 +128,9 @@ impl Span {
         self.size
     }
 
-    /// Whether the span's region is read in place (system shared memory), where a copy would be work (CUDA shared
-    /// memory's, to and from a GPU; see [`Region::reads_in_place`]).
-    pub fn in_place(&self) -> bool {
-        self.region.reads_in_place()
+    /// Whether the span's region is a GPU's memory (see [`Region::on_device`]).
+    pub fn on_device(&self) -> bool {
+        self.region.on_device()
     }
 
     /// The span's bytes, in place where the region allows (see [`Region::read`]). Whether they were the client's

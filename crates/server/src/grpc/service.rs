@@ -316,7 +316,7 @@ async fn infer_one(
     let served = infer(state, &model, request, &hold).await?;
     let (id, selection, classification, read) = (call.id, call.outputs, call.classification, call.input_memory);
     let encoder = model.clone();
-    let to_device = selection.iter().any(|w| w.memory.as_ref().is_some_and(|span| !span.in_place()));
+    let to_device = selection.iter().any(|w| w.memory.as_ref().is_some_and(shm::Span::on_device));
     encode_shared(served, to_device, move |mut served| {
         let meta = encoder.metadata();
         classify_outputs(&encoder, &mut served.answer.tensors, &classification)?;

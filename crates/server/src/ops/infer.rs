@@ -145,9 +145,9 @@ pub fn scan_outputs_on_write(
     classification: &[(usize, usize)],
 ) -> Request {
     let in_memory = |i: usize| {
-        // In memory read in place: a copy to a GPU is one per write, not one per block of a scan.
-        let in_place = |w: &Wanted| w.memory.as_ref().is_some_and(Span::in_place);
-        wanted.iter().any(|w| w.index == i && in_place(w)) && classification.iter().all(|&(c, _)| c != i)
+        // In the host's memory: to a GPU, one copy of the whole, not one for each block of a scan.
+        let in_host = |w: &Wanted| w.memory.as_ref().is_some_and(|span| !span.on_device());
+        wanted.iter().any(|w| w.index == i && in_host(w)) && classification.iter().all(|&(c, _)| c != i)
     };
     let can = !state.allow_non_finite()
         && model.task.service() == Service::Tensors

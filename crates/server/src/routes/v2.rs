@@ -13,7 +13,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::optional_json;
-use crate::codec::shm::REGION_PARAMETER;
+use crate::codec::shm::{Span, REGION_PARAMETER};
 use crate::codec::v2::models::{
     TritonModelConfig, V2IndexEntry, V2IndexRequest, V2LoadRequest, V2ModelMetadata, V2ServerMetadata, V2Statistics,
 };
@@ -236,7 +236,7 @@ async fn run_infer(
     let mut headers = served.headers();
     let (id, selection, classification, read) = (call.id, call.outputs, call.classification, call.input_memory);
     let encoder = model.clone();
-    let to_device = selection.iter().any(|w| w.memory.as_ref().is_some_and(|span| !span.in_place()));
+    let to_device = selection.iter().any(|w| w.memory.as_ref().is_some_and(Span::on_device));
     let (body, json_len) = encode_shared(served, to_device, move |mut served| {
         let meta = encoder.metadata();
         classify_outputs(&encoder, &mut served.answer.tensors, &classification)?;

@@ -78,6 +78,10 @@ impl Region for CudaRegion {
     fn write(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()> {
         self.memory().write(offset, bytes).map_err(std::io::Error::other)
     }
+
+    fn on_device(&self) -> bool {
+        true
+    }
 }
 
 impl Drop for CudaRegion {
