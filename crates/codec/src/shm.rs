@@ -209,34 +209,47 @@ pub fn inputs_intact(read: &[Span]) -> Result<(), CodecError> {
 #[derive(Default)]
 pub struct MemoryRegions(pub Vec<(String, Arc<MemoryRegion>)>);
 
-/// One region held in memory.
+/// One region held in memory; one made by [`MemoryRegion::device`] stands in for a GPU's (see
+/// [`Region::on_device`]).
 #[derive(Default)]
-pub struct MemoryRegion(pub std::sync::Mutex<Vec<u8>>);
+pub struct MemoryRegion {
+    bytes: std::sync::Mutex<Vec<u8>>,
+    device: bool,
+}
 
 impl MemoryRegion {
     pub fn new(bytes: Vec<u8>) -> Arc<MemoryRegion> {
-        Arc::new(MemoryRegion(std::sync::Mutex::new(bytes)))
+        Arc::new(MemoryRegion { bytes: std::sync::Mutex::new(bytes), device: false })
+    }
+
+    /// A region that says it is a GPU's memory, as CUDA shared memory's do.
+    pub fn device(bytes: Vec<u8>) -> Arc<MemoryRegion> {
+        Arc::new(MemoryRegion { bytes: std::sync::Mutex::new(bytes), device: true })
     }
 
     pub fn bytes(&self) -> Vec<u8> {
-        self.0.lock().map(|b| b.clone()).unwrap_or_default()
+        self.bytes.lock().map(|b| b.clone()).unwrap_or_default()
     }
 }
 
 impl Region for MemoryRegion {
     fn byte_size(&self) -> usize {
-        self.0.lock().map(|b| b.len()).unwrap_or(0)
+        self.bytes.lock().map(|b| b.len()).unwrap_or(0)
     }
 
     fn read(self: Arc<Self>, offset: usize, len: usize) -> std::io::Result<Bytes> {
-        let bytes = self.0.lock().map_err(|_| std::io::Error::other("poisoned"))?;
+        let bytes = self.bytes.lock().map_err(|_| std::io::Error::other("poisoned"))?;
         Ok(Bytes::copy_from_slice(&bytes[offset..offset + len]))
     }
 
     fn write(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()> {
-        let mut held = self.0.lock().map_err(|_| std::io::Error::other("poisoned"))?;
+        let mut held = self.bytes.lock().map_err(|_| std::io::Error::other("poisoned"))?;
         held[offset..offset + bytes.len()].copy_from_slice(bytes);
         Ok(())
+    }
+
+    fn on_device(&self) -> bool {
+        self.device
     }
 }
 

@@ -145,7 +145,7 @@ fn outputs_are_scanned_as_they_are_written_only_where_nothing_else_would_scan_th
     assert!(!marked(&state, &model, &mut [], &[]));
     // In a GPU's memory (CUDA shared memory): scanned after the engine, then copied whole, where a scan as it is
     // written would copy it to the device a block at a time.
-    let gpu = OnDevice(MemoryRegion::new(vec![0; 64]));
+    let gpu = MemoryRegions(vec![("gpu".into(), MemoryRegion::device(vec![0; 64]))]);
     let given = SpanParameters { region: Some("gpu"), byte_size: Some(16), offset: None };
     let mut outputs = wanted(Span::of(given, &gpu, "output `y`").expect("fits"));
     assert!(!marked(&state, &model, &mut outputs, &[]));
@@ -155,31 +155,4 @@ fn outputs_are_scanned_as_they_are_written_only_where_nothing_else_would_scan_th
     let mut outputs = wanted(span(16));
     assert!(!marked(&lenient, &model, &mut outputs, &[]));
     assert!(!outputs[0].finite);
-}
-
-/// A region in host memory that says it is a GPU's, and the only region registered (as `gpu`).
-struct OnDevice(Arc<crate::codec::shm::MemoryRegion>);
-
-impl crate::codec::shm::Region for OnDevice {
-    fn byte_size(&self) -> usize {
-        self.0.byte_size()
-    }
-
-    fn read(self: Arc<Self>, offset: usize, len: usize) -> std::io::Result<bytes::Bytes> {
-        self.0.clone().read(offset, len)
-    }
-
-    fn write(&self, offset: usize, bytes: &[u8]) -> std::io::Result<()> {
-        self.0.write(offset, bytes)
-    }
-
-    fn on_device(&self) -> bool {
-        true
-    }
-}
-
-impl crate::codec::shm::Regions for OnDevice {
-    fn region(&self, name: &str) -> Option<Arc<dyn crate::codec::shm::Region>> {
-        (name == "gpu").then(|| Arc::new(OnDevice(self.0.clone())) as Arc<dyn crate::codec::shm::Region>)
-    }
 }
