@@ -25,7 +25,7 @@ use crate::codec::v2::models as v2;
 use crate::error::{AppError, ErrorKind};
 use crate::metrics::Protocol;
 use crate::ops::infer::{
-    classify_outputs, deadline_in, decode, decode_bytes, encode_shared, infer, scan_outputs_on_write,
+    answers_to_device, classify_outputs, deadline_in, decode, decode_bytes, encode_shared, infer, scan_outputs_on_write,
 };
 use crate::ops::models;
 use crate::ops::repository;
@@ -305,9 +305,8 @@ async fn infer_one(
     };
     let limits = *state.limits();
     let regions = state.shared_memory().clone();
-    let cuda = regions.has_cuda();
     let names_a_region = || request.inputs.iter().any(|i| i.parameters.contains_key(shm::REGION_PARAMETER));
-    let len = decode_bytes(&model, len, cuda, names_a_region);
+    let len = decode_bytes(&model, len, &regions, names_a_region);
     let mut call = decode(&model, len, move |meta| decode_infer(request, meta, &limits, &*regions)).await?;
     let deadline = [call.timeout.and_then(deadline_in), deadline.map(|d| d.0)].into_iter().flatten().min();
     let request = InferRequest::new(Input::Tensors(call.inputs)).with_deadline(deadline);
@@ -316,7 +315,7 @@ async fn infer_one(
     let served = infer(state, &model, request, &hold).await?;
     let (id, selection, classification, read) = (call.id, call.outputs, call.classification, call.input_memory);
     let encoder = model.clone();
-    let to_device = selection.iter().any(|w| w.memory.as_ref().is_some_and(shm::Span::on_device));
+    let to_device = answers_to_device(&selection);
     encode_shared(served, to_device, move |mut served| {
         let meta = encoder.metadata();
         classify_outputs(&encoder, &mut served.answer.tensors, &classification)?;

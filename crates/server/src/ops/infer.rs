@@ -17,6 +17,7 @@ use crate::budget::{Hold, Metered};
 use crate::codec::shm::Span;
 use crate::codec::{quoted, CodecError, Wanted};
 use crate::error::{AppError, ErrorKind};
+use crate::shm::SharedMemory;
 use crate::state::AppState;
 use crate::trace::Traced;
 
@@ -60,15 +61,27 @@ impl Served {
 }
 
 /// The work a decode of a `len`-byte body for `model` does, in bytes, for [`decode`]: `len`, or at least enough to
-/// leave the runtime where the decode may copy an input out of shared memory. That is where the model takes an input
-/// that is not floating-point (see `Span::read_input`: floats are read in place) or a CUDA region is registered (its
-/// inputs are copied from the GPU), and `names_a_region` says the request may name a region.
-pub fn decode_bytes(model: &LoadedModel, len: usize, cuda: bool, names_a_region: impl FnOnce() -> bool) -> usize {
-    if (cuda || model.metadata().inputs.iter().any(|s| Span::copies(s.datatype))) && names_a_region() {
+/// leave the runtime where the decode may copy an input out of shared memory. That is where `regions` has any, the
+/// model takes an input that is not floating-point (see `Span::read_input`: floats are read in place) or a CUDA
+/// region is registered (its inputs are copied from the GPU), and `names_a_region` says the request may name one.
+pub fn decode_bytes(
+    model: &LoadedModel,
+    len: usize,
+    regions: &SharedMemory,
+    names_a_region: impl FnOnce() -> bool,
+) -> usize {
+    let copies = || regions.has_cuda() || model.metadata().inputs.iter().any(|s| Span::copies(s.datatype));
+    if regions.in_use() && copies() && names_a_region() {
         len.max(INLINE_WORK_BYTES + 1)
     } else {
         len
     }
+}
+
+/// Whether an answer writes one of its outputs (`wanted`) to a GPU's memory, a copy that [`encode_shared`] makes
+/// off the runtime.
+pub fn answers_to_device(wanted: &[Wanted]) -> bool {
+    wanted.iter().any(|w| w.memory.as_ref().is_some_and(Span::on_device))
 }
 
 /// Decodes a protocol's body of `len` bytes for `model` with `decode`, given the model as the protocols see it:

@@ -13,14 +13,14 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::optional_json;
-use crate::codec::shm::{Span, REGION_PARAMETER};
+use crate::codec::shm::REGION_PARAMETER;
 use crate::codec::v2::models::{
     TritonModelConfig, V2IndexEntry, V2IndexRequest, V2LoadRequest, V2ModelMetadata, V2ServerMetadata, V2Statistics,
 };
 use crate::codec::v2::{decode_infer, encode_infer, V2InferRequest, V2InferResponse, JSON_LENGTH_HEADER};
 use crate::error::{body_error, AppError, ErrorBody, InferErrors};
 use crate::ops::infer::{
-    classify_outputs, deadline_in, decode, decode_bytes, encode_shared, infer, scan_outputs_on_write,
+    answers_to_device, classify_outputs, deadline_in, decode, decode_bytes, encode_shared, infer, scan_outputs_on_write,
 };
 use crate::ops::models;
 use crate::ops::repository;
@@ -223,10 +223,9 @@ async fn run_infer(
     let body = body.map_err(body_error)?;
     let limits = *state.limits();
     let regions = state.shared_memory().clone();
-    let cuda = regions.has_cuda();
     let json = &body[..json_length.unwrap_or(body.len()).min(body.len())];
-    let len = decode_bytes(&model, body.len(), cuda, || {
-        regions.in_use() && json.windows(REGION_PARAMETER.len()).any(|w| w == REGION_PARAMETER.as_bytes())
+    let len = decode_bytes(&model, body.len(), &regions, || {
+        json.windows(REGION_PARAMETER.len()).any(|w| w == REGION_PARAMETER.as_bytes())
     });
     let mut call = decode(&model, len, move |meta| decode_infer(&body, json_length, meta, &limits, &*regions)).await?;
     let request = Request::new(Input::Tensors(call.inputs)).with_deadline(call.timeout.and_then(deadline_in));
@@ -236,7 +235,7 @@ async fn run_infer(
     let mut headers = served.headers();
     let (id, selection, classification, read) = (call.id, call.outputs, call.classification, call.input_memory);
     let encoder = model.clone();
-    let to_device = selection.iter().any(|w| w.memory.as_ref().is_some_and(Span::on_device));
+    let to_device = answers_to_device(&selection);
     let (body, json_len) = encode_shared(served, to_device, move |mut served| {
         let meta = encoder.metadata();
         classify_outputs(&encoder, &mut served.answer.tensors, &classification)?;
