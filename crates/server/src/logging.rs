@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use serde::{Deserialize, Serialize};
+use tracing::level_filters::LevelFilter;
 use tracing::Level;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -82,7 +83,9 @@ pub fn init(log: &str, format: LogFormat) {
         Ok(_) => log.to_owned(),
         Err(_) => "info".to_owned(),
     };
-    let (filter, handle) = reload::Layer::new(EnvFilter::new(&base));
+    let first = EnvFilter::new(&base);
+    let most_verbose = first.max_level_hint();
+    let (filter, handle) = reload::Layer::new(first);
     let logging = Logging::new(base, Some(handle), format);
     // Both formats record every span's fields, so that either can write a line inside a span begun before a switch;
     // each writes only the lines of its own format.
@@ -101,7 +104,25 @@ pub fn init(log: &str, format: LogFormat) {
         .with_filter(filter::dynamic_filter_fn(move |meta, _| !meta.is_event() || json.writes(meta.level(), true)));
     if LOGGING.set(logging).is_ok() {
         let _ = tracing_subscriber::registry().with(filter).with(text).with(json).try_init();
+        // After `try_init`, which installs the bridge from the `log` crate at the most verbose level.
+        set_log_max_level(most_verbose);
     }
+}
+
+/// Lets the `log` crate's records through only as far as the filter can pass them (`max_level_hint`: its most
+/// verbose directive). Libraries that log through it (the tokenizers library, at trace on every text it normalises)
+/// are then refused by one comparison in the macro, where at `log`'s default, every level, each record crossed the
+/// whole subscriber to reach the filter's refusal: half of tokenizing's CPU on two cores, and with many threads
+/// tokenizing at once, much more (they all read the reloadable filter's lock).
+fn set_log_max_level(most_verbose: Option<LevelFilter>) {
+    log::set_max_level(match most_verbose.unwrap_or(LevelFilter::TRACE).into_level() {
+        None => log::LevelFilter::Off,
+        Some(Level::ERROR) => log::LevelFilter::Error,
+        Some(Level::WARN) => log::LevelFilter::Warn,
+        Some(Level::INFO) => log::LevelFilter::Info,
+        Some(Level::DEBUG) => log::LevelFilter::Debug,
+        Some(Level::TRACE) => log::LevelFilter::Trace,
+    });
 }
 
 /// The log's settings: the installed log's, or, where none was installed (a server in a test's process), settings
@@ -168,7 +189,9 @@ impl Logging {
                     1 => EnvFilter::new(format!("{},inferd=debug", self.base)),
                     _ => EnvFilter::new(format!("{},inferd=trace", self.base)),
                 };
+                let most_verbose = filter.max_level_hint();
                 handle.reload(filter).map_err(|e| AppError::internal(format!("changing the log filter: {e}")))?;
+                set_log_max_level(most_verbose);
             }
         }
         let s = &self.switches;
@@ -178,5 +201,27 @@ impl Logging {
         s.json.store(next.log_format == "json", Ordering::Relaxed);
         *settings = next.clone();
         Ok(next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `log` crate's records pass its macros only as far as the filter lets lines through, at each verbose
+    /// level: a library's trace records cost one comparison unless the filter could write them.
+    #[test]
+    fn log_crate_records_stop_where_the_filter_does() {
+        let (_layer, handle) = reload::Layer::<EnvFilter, Registry>::new(EnvFilter::new("warn"));
+        let logging = Logging::new("warn".to_owned(), Some(handle), LogFormat::Text);
+        let verbose = |level| LogUpdate { log_verbose_level: Some(level), ..LogUpdate::default() };
+        logging.update(verbose(2)).expect("verbose 2");
+        assert_eq!(log::max_level(), log::LevelFilter::Trace);
+        logging.update(verbose(1)).expect("verbose 1");
+        assert_eq!(log::max_level(), log::LevelFilter::Debug);
+        logging.update(verbose(0)).expect("verbose 0");
+        assert_eq!(log::max_level(), log::LevelFilter::Warn);
+        set_log_max_level(EnvFilter::new("off").max_level_hint());
+        assert_eq!(log::max_level(), log::LevelFilter::Off);
     }
 }
