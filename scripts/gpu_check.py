@@ -33,7 +33,7 @@ import urllib.request
 # 1 and 2, the machine's part (its libraries and test executables), beside this file; benches/gpu_*.py reach these
 # through this module too.
 import gpu_cudashm
-from gpu_machine import (Sampler, check_links, find_libraries, onnxruntime_gpu, process_gpu_mib, run, run_tests,
+from gpu_machine import (Sampler, check_links, cpu_seconds, find_libraries, onnxruntime_gpu, process_gpu_mib, run, run_tests,
                          smi)
 
 MIB = 1 << 20
@@ -434,12 +434,12 @@ def http_bench(table, plan, bundle, server, model, protocol, env, results):
     name = f"http-{model}"
     warmup, duration = plan.http_seconds
     sampler = None if plan.rehearse else Sampler()
-    started = time.monotonic()
+    started, cpu_before = time.monotonic(), cpu_seconds(server.proc.pid)
     status, out = run([os.path.join(bundle, "bin", "inferd-bench"), "http", "--url", server.base, "--model", model,
                        "--protocol", protocol, "--concurrency", str(plan.clients), "--warmup", str(warmup), "--duration",
                        str(duration), "--quiet", "--out", results, "--name", name], 120, env=env,
                       log=os.path.join(results, f"{name}.log"))
-    ended = time.monotonic()
+    ended, cpu_after = time.monotonic(), cpu_seconds(server.proc.pid)
     if sampler:
         sampler.stop()
     busy = sampler.between(started + warmup, ended) if sampler else []
@@ -452,6 +452,11 @@ def http_bench(table, plan, bundle, server, model, protocol, env, results):
     figure = (f"{report['rows_per_s']:,.0f} rows/s, p50 {report['latency_us']['p50'] / 1e3:.1f} ms, "
               f"p99 {report['latency_us']['p99'] / 1e3:.1f} ms, mean batch {report.get('mean_batch_rows') or 0:.1f}, "
               f"{errors} errors")
+    # The server's CPU over warm-up and load, a row: what the front (HTTP, JSON, tokenizing) costs beside the GPU.
+    if cpu_before is not None and cpu_after is not None and report["requests_ok"]:
+        rows = report["rows_per_s"] * (ended - started)
+        figure += (f"; server CPU {(cpu_after - cpu_before) / (ended - started):.1f} cores, "
+                   f"{(cpu_after - cpu_before) / rows * 1e6:,.0f} us a row")
     if sampler:
         figure += f"; GPU busy {mean_busy:.0f}% mean, {max(busy, default=0):.0f}% max ({len(busy)} samples)"
     ok = status == 0 and errors == 0 and report["requests_ok"] > 0 and (plan.rehearse or mean_busy > 0)

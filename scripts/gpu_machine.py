@@ -108,6 +108,15 @@ def run_tests(table, bundle, env, results):
         table.add("tests", name, status == 0 and passed > 0 and failed == 0, figure)
 
 
+def cpu_seconds(pid):
+    """The CPU time process `pid` has used (user and system, every thread), in seconds; None where it has gone."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def process_gpu_mib(pid):
     """The GPU memory nvidia-smi says process `pid` holds, in MiB; None where it lists none for it."""
     status, out = run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], 30)
