@@ -145,6 +145,7 @@ fn main() -> anyhow::Result<()> {
         Command::Engine(args) => {
             // As the server sizes it (before any thread starts).
             inferd_models::budget::set_cublas_workspace(inferd_models::budget::DEFAULT_CUBLAS_WORKSPACE_MIB);
+            inferd_candle::fix_cpu_threads();
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let run = engine::EngineRun {
                 model_dir: &args.model_dir,

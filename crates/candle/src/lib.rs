@@ -16,6 +16,7 @@ mod mpnet;
 mod nomic;
 mod pool;
 mod qwen3;
+mod threads;
 mod towers;
 mod transformer;
 
@@ -29,6 +30,8 @@ use inferd_core::{
     CandleOptions, DataType, DeviceSpec, Engine, Error, ModelConfig, ModelMetadata, Precision, Result, Tensor,
     TensorSpec,
 };
+
+pub use crate::threads::fix_cpu_threads;
 
 use crate::batch::Batch;
 use crate::transformer::{Plan, TextModel};

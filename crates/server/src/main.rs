@@ -8,6 +8,7 @@ fn main() -> anyhow::Result<()> {
     // The environment is the process's: set before the runtime starts its threads.
     if let Command::Serve(config) = &cli.command {
         inferd_models::budget::set_cublas_workspace(config.cublas_workspace_mib);
+        inferd_candle::fix_cpu_threads();
     }
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(cli))
 }
