@@ -2,9 +2,15 @@
 //! echoed), its span, and a panic answered in the front end's own words. The HTTP app and the gRPC service both wrap
 //! their routes in [`outer_layers`].
 
+use std::convert::Infallible;
+
+use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware;
+use axum::response::Response;
+use axum::routing::Route;
 use axum::Router;
+use tower::{Layer, Service, ServiceBuilder};
 use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
@@ -12,24 +18,33 @@ use tower_http::trace::{DefaultOnResponse, TraceLayer};
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
 /// The layers every request passes first, over HTTP and gRPC alike: its request id (screened, made where
-/// missing, echoed), its span, and a panic answered with `panicked`'s response.
-pub fn outer_layers<S: Clone + Send + Sync + 'static>(
-    routes: Router<S>,
-    panicked: fn() -> axum::response::Response,
-) -> Router<S> {
+/// missing, echoed), its span, and a panic answered with `panicked`'s response; then `inner`, the caller's own (the
+/// body's limits and compression, the gRPC gate), and the routes. All of them wrap the routes as one layer: axum boxes
+/// a router's services again for each `Router::layer`, and each box is a clone of the service and a boxed future on
+/// every request (nine of them on a `/predict`).
+pub fn outer_layers<S, L>(routes: Router<S>, inner: L, panicked: fn() -> Response) -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    L: Layer<Route> + Clone + Send + Sync + 'static,
+    L::Service: Service<Request, Response = Response, Error = Infallible> + Clone + Send + Sync + 'static,
+    <L::Service as Service<Request>>::Future: Send + 'static,
+{
     let request_id = HeaderName::from_static(REQUEST_ID_HEADER);
-    routes
-        .layer(PropagateRequestIdLayer::new(request_id.clone()))
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(request_span)
-                .on_request(())
-                .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG))
-                .on_failure(()),
-        )
-        .layer(SetRequestIdLayer::new(request_id, RandomRequestId))
-        .layer(middleware::map_request(screen_request_id))
-        .layer(tower_http::catch_panic::CatchPanicLayer::custom(move |_| panicked()))
+    routes.layer(
+        ServiceBuilder::new()
+            .layer(tower_http::catch_panic::CatchPanicLayer::custom(move |_| panicked()))
+            .layer(middleware::map_request(screen_request_id))
+            .layer(SetRequestIdLayer::new(request_id.clone(), RandomRequestId))
+            .layer(
+                TraceLayer::new_for_http()
+                    .make_span_with(request_span)
+                    .on_request(())
+                    .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG))
+                    .on_failure(()),
+            )
+            .layer(PropagateRequestIdLayer::new(request_id))
+            .layer(inner),
+    )
 }
 
 /// The longest request id a client may choose.

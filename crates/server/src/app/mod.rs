@@ -11,6 +11,7 @@ use axum::middleware;
 use axum::response::IntoResponse;
 use axum::Router;
 use inferd_models::Service;
+use tower::ServiceBuilder;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
@@ -135,13 +136,15 @@ pub fn app(state: AppState) -> Router {
         .fallback(|| async { AppError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             AppError::new(ErrorKind::MethodNotAllowed, "method not allowed on this route")
-        })
-        .layer(DefaultBodyLimit::max(max_body))
-        // The body limit applies to what the decompression layer hands on, so a small compressed body cannot
-        // expand past it.
+        });
+    // The body limit applies to what the decompression layer hands on, so a small compressed body cannot expand
+    // past it.
+    let body = ServiceBuilder::new()
+        .map_response(IntoResponse::into_response)
+        .layer(tower_http::compression::CompressionLayer::new())
         .layer(tower_http::decompression::RequestDecompressionLayer::new())
-        .layer(tower_http::compression::CompressionLayer::new());
-    let routes = outer_layers(routes, || AppError::internal("the request handler panicked").into_response());
+        .layer(DefaultBodyLimit::max(max_body));
+    let routes = outer_layers(routes, body, || AppError::internal("the request handler panicked").into_response());
     match cors(state.cors_allow_origin()) {
         Some(cors) => routes.layer(cors).with_state(state),
         None => routes.with_state(state),

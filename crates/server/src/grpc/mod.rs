@@ -66,12 +66,9 @@ pub fn app(state: AppState) -> Router {
     let inference = GrpcInferenceServiceServer::new(Inference { state: state.clone() })
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(usize::MAX);
-    let router = tonic::service::Routes::new(inference)
-        .add_service(health::service(state.clone()))
-        .into_axum_router()
-        .layer(axum::middleware::from_fn_with_state(state, gate));
+    let router = tonic::service::Routes::new(inference).add_service(health::service(state.clone())).into_axum_router();
     let panicked = || Status::internal("the request handler panicked").into_http();
-    crate::layers::outer_layers(router, panicked)
+    crate::layers::outer_layers(router, axum::middleware::from_fn_with_state(state, gate), panicked)
 }
 
 /// The paths of the RPCs the gate treats apart.
