@@ -7,6 +7,8 @@
 # JSON.
 #   REQUESTS=2000 ./benches/callgrind.sh
 # INFERD=path counts another build of the server (a before and after), built here only when it is this tree's.
+# LOG=filter runs it at another log filter than `warn` (the server's default is `info,ort=warn`: each request's span
+# is then recorded).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REQUESTS=${REQUESTS:-2000}
@@ -15,6 +17,7 @@ OUT=${OUT:-benches/results}
 PORT=${PORT:-18080}
 NAME=${NAME:-callgrind-digits}
 INFERD=${INFERD:-}
+LOG=${LOG:-warn}
 mkdir -p "$OUT"
 command -v valgrind >/dev/null || { echo "callgrind.sh: needs valgrind (apt install valgrind)" >&2; exit 1; }
 
@@ -25,7 +28,7 @@ if [ -z "$INFERD" ]; then
 fi
 profile=$OUT/$NAME.out
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$profile" \
-    "$INFERD" serve --host 127.0.0.1 --port "$PORT" --grpc-port 0 --log warn --models models/digits \
+    "$INFERD" serve --host 127.0.0.1 --port "$PORT" --grpc-port 0 --log "$LOG" --models models/digits \
     2>"$OUT/$NAME.log" &
 SERVER=$!
 trap 'kill -TERM "$SERVER" 2>/dev/null || true' EXIT

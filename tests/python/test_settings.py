@@ -66,7 +66,8 @@ def test_log_settings_change_what_the_log_writes(server):
     start = len(log)
     infer(http, httpclient)
     settle()
-    assert [line for line in new_lines(log, start) if "DEBUG" in line and "served" in line], new_lines(log, start)
+    assert [line for line in new_lines(log, start) if "DEBUG" in line and "request{id=" in line and "served" in line], \
+        new_lines(log, start)
 
     assert http.update_log_settings({"log_format": "json"})["log_format"] == "json"
     start = len(log)
@@ -74,6 +75,10 @@ def test_log_settings_change_what_the_log_writes(server):
     settle()
     lines = new_lines(log, start)
     assert lines and all(json.loads(line)["level"] for line in lines), lines
+    # A request begun after the switch has its span's fields in the new format: the request id on its lines.
+    spans = [json.loads(line).get("span", {}) for line in lines
+             if json.loads(line).get("fields", {}).get("message") == "served"]
+    assert spans and all(s.get("name") == "request" and s.get("id") and s.get("path") for s in spans), lines
 
     http.update_log_settings({"log_format": "default", "log_verbose_level": 0})
     http.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
