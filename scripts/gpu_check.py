@@ -33,8 +33,8 @@ import urllib.request
 # 1 and 2, the machine's part (its libraries and test executables), beside this file; benches/gpu_*.py reach these
 # through this module too.
 import gpu_cudashm
-from gpu_machine import (Sampler, check_links, cpu_seconds, find_libraries, onnxruntime_gpu, process_gpu_mib, run, run_tests,
-                         smi)
+from gpu_machine import (Sampler, check_links, cpu_seconds, find_libraries, onnxruntime_gpu, process_gpu_mib, run,
+                         run_tests, smi)
 
 MIB = 1 << 20
 # Largest |gpu - cpu| over the largest |cpu| output a precision may give on the digits network.
