@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use serde::{Deserialize, Serialize};
 use tracing::level_filters::LevelFilter;
 use tracing::Level;
+use tracing_log::{log, AsLog};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{filter, fmt, reload, EnvFilter, Layer, Registry};
@@ -126,14 +127,7 @@ pub fn init(log: &str, format: LogFormat) {
 /// whole subscriber to reach the filter's refusal: half of tokenizing's CPU on two cores, and with many threads
 /// tokenizing at once, much more (they all read the reloadable filter's lock).
 fn set_log_max_level(most_verbose: Option<LevelFilter>) {
-    log::set_max_level(match most_verbose.unwrap_or(LevelFilter::TRACE).into_level() {
-        None => log::LevelFilter::Off,
-        Some(Level::ERROR) => log::LevelFilter::Error,
-        Some(Level::WARN) => log::LevelFilter::Warn,
-        Some(Level::INFO) => log::LevelFilter::Info,
-        Some(Level::DEBUG) => log::LevelFilter::Debug,
-        Some(Level::TRACE) => log::LevelFilter::Trace,
-    });
+    log::set_max_level(most_verbose.unwrap_or(LevelFilter::TRACE).as_log());
 }
 
 /// The log's settings: the installed log's, or, where none was installed (a server in a test's process), settings
