@@ -31,6 +31,7 @@ use tower::ServiceExt;
 use crate::config::ServeConfig;
 use crate::drain::Drain;
 use crate::error::ErrorBody;
+use crate::repoll::Repolled;
 use crate::socket::{accept_any, Listener, Stream};
 
 /// Connections past `--max-connections` that still answer the probes.
@@ -334,7 +335,8 @@ impl Server {
         let io = TokioIo::new(Watched { stream, clock: clock.clone() });
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder.keep_alive(full);
-        let connection = self.graceful.watch(builder.serve_connection(io, service));
+        // Repolled: reading a request's body wakes the connection's own task (see `repoll`).
+        let connection = Repolled::new(self.graceful.watch(builder.serve_connection(io, service)));
         tokio::spawn(async move {
             let _permit = permit;
             let mut connection = pin!(connection);

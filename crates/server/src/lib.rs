@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod ops;
 pub(crate) mod poll;
 pub mod registry;
+mod repoll;
 pub mod request;
 pub mod routes;
 pub mod shm;

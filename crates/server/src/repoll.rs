@@ -1,0 +1,103 @@
+//! A connection's task polled again at once when it wakes itself, instead of handed to another worker thread.
+//!
+//! A handler runs inside its connection's task, and reading a request's body wakes that task: hyper's body channel
+//! holds one chunk, and the handler taking it wakes the sender, which is the connection itself. Tokio takes a task
+//! woken while it runs for one that yielded: it goes to the back of the queue and an idle worker thread is woken to
+//! come and take it, a futex wake-up, a thread's wake and sleep, and often the task moved to the other core, on
+//! every request with a body. [`Repolled`] keeps the wake-ups that come while its future is being polled and polls
+//! it again on the spot, up to [`MAX_REPOLLS`] times in a row; past those it passes the wake-up on, so a future
+//! that keeps waking itself (tokio's cooperative budget spent, say) still yields as before. A wake-up from
+//! anywhere while the future is not being polled goes straight to the task.
+//!
+//! gRPC's streams wake themselves too (a stream's task reserving room for its answer is given it at once, and woken
+//! for it), but there tokio's wake-ups of another worker did not follow: one voluntary context switch a request
+//! either way, so the HTTP/2 side is left as it was.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Wake, Waker};
+
+/// How many times in a row a future that woke itself while polled is polled again before its task yields.
+pub const MAX_REPOLLS: usize = 8;
+
+/// Not being polled: a wake-up goes to the task.
+const IDLE: u8 = 0;
+/// Being polled: a wake-up is kept, for the poll to see.
+const POLLING: u8 = 1;
+/// Being polled, and woken meanwhile.
+const WOKEN: u8 = 2;
+
+/// A future whose self-wake-ups are turned into polls on the spot (see the module's documentation).
+pub struct Repolled<F> {
+    future: Pin<Box<F>>,
+    relay: Arc<Relay>,
+    /// The waker the future is polled with: `relay`'s, made once so the future's resources see the same waker on
+    /// every poll and keep their registrations.
+    waker: Waker,
+}
+
+/// Where the future's wake-ups arrive, from any thread.
+struct Relay {
+    /// [`IDLE`], [`POLLING`] or [`WOKEN`]: set by the poll, moved to `WOKEN` by a wake-up during it.
+    state: AtomicU8,
+    /// The task's own waker, as of its latest poll: what a wake-up outside a poll wakes.
+    task: Mutex<Option<Waker>>,
+}
+
+impl<F: Future> Repolled<F> {
+    pub fn new(future: F) -> Self {
+        let relay = Arc::new(Relay { state: AtomicU8::new(IDLE), task: Mutex::new(None) });
+        Repolled { future: Box::pin(future), waker: Waker::from(relay.clone()), relay }
+    }
+}
+
+impl<F: Future> Future for Repolled<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        {
+            let mut task = this.relay.task.lock().unwrap_or_else(PoisonError::into_inner);
+            if !task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
+                *task = Some(cx.waker().clone());
+            }
+        }
+        let mut own = Context::from_waker(&this.waker);
+        for _ in 0..=MAX_REPOLLS {
+            this.relay.state.store(POLLING, Ordering::SeqCst);
+            let polled = this.future.as_mut().poll(&mut own);
+            let state = this.relay.state.swap(IDLE, Ordering::SeqCst);
+            if polled.is_ready() || state != WOKEN {
+                return polled;
+            }
+        }
+        // Woken on every poll: the task yields, as it would have without this.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+impl Wake for Relay {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // During a poll the wake-up is left for the poll to see (a second one is the same as the first); outside
+        // one it goes to the task. A poll that ends between the two reads finds IDLE and wakes the task.
+        if self.state.compare_exchange(POLLING, WOKEN, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+            || self.state.load(Ordering::SeqCst) == WOKEN
+        {
+            return;
+        }
+        if let Some(task) = self.task.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+            task.wake_by_ref();
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "repoll_tests.rs"]
+mod tests;
