@@ -46,7 +46,12 @@ impl<'a> Elements<'a> {
         tensor.map_err(|e| CodecError::Invalid(format!("input `{}`: {e}", quoted(&self.spec.name))))
     }
 
-    fn number<E: de::Error>(&mut self, n: Number) -> Result<(), E> {
+    /// Room for `elements` more, where their count is known (or bounded) before they are read.
+    pub fn reserve(&mut self, elements: usize) {
+        self.bytes.reserve(elements.saturating_mul(self.spec.datatype.size().unwrap_or(0)));
+    }
+
+    pub fn number<E: de::Error>(&mut self, n: Number) -> Result<(), E> {
         self.counted()?;
         let spec = self.spec;
         let out = &mut self.bytes;
@@ -112,8 +117,9 @@ impl<'a> Elements<'a> {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Number {
+/// A JSON number as serde_json gives it to a visitor.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Number {
     I(i64),
     U(u64),
     F(f64),

@@ -5,6 +5,7 @@
 mod elements;
 pub mod grpc;
 pub mod json;
+mod plain;
 pub mod predict;
 pub mod shm;
 pub mod v2;

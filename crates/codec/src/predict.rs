@@ -32,6 +32,18 @@ pub struct NamedTensors(pub Vec<(usize, Tensor)>);
 /// Decodes a `/predict` body into one tensor per spec, in the specs' order (`None` for an optional input left out),
 /// within `limits`: rows and elements past the limits stop the decoding where they are met.
 pub fn decode_predict(body: &[u8], specs: &[TensorSpec], limits: &Limits) -> Result<Vec<Option<Tensor>>, CodecError> {
+    match super::plain::decode(body, specs, limits) {
+        Some(only) => crate::given_inputs(vec![Some(only)], specs),
+        None => decode_serde(body, specs, limits),
+    }
+}
+
+/// [`decode_predict`] through serde, for every body: what the plain form's scanner does not read.
+pub(crate) fn decode_serde(
+    body: &[u8],
+    specs: &[TensorSpec],
+    limits: &Limits,
+) -> Result<Vec<Option<Tensor>>, CodecError> {
     check_json_depth(body, limits.max_json_depth)?;
     decode_with(&mut serde_json::Deserializer::from_slice(body), specs, limits)
 }
