@@ -14,11 +14,18 @@ use inferd_core::{DataType, Tensor, TensorSpec};
 use super::elements::{Elements, Number};
 use super::Limits;
 
+/// serde_json's own limit on nesting, arrays and objects together: it refuses this many levels.
+const SERDE_DEPTH: usize = 128;
+
+/// The largest body whose elements are counted before they are read, for room for all of them at once.
+const RESERVE_BELOW: usize = 64 * 1024;
+
 /// The body's one input, or `None` where the body is not of the plain form (see the module's documentation).
 pub(crate) fn decode(body: &[u8], specs: &[TensorSpec], limits: &Limits) -> Option<Tensor> {
     let [spec] = specs else { return None };
-    // The nesting: the body's object, then one array a dimension.
-    if spec.shape.is_empty() || spec.shape.len() >= limits.max_json_depth {
+    // The nesting: the body's object, then one array a dimension; serde_json itself refuses 128 levels.
+    let nesting = spec.shape.len() + 1;
+    if spec.shape.is_empty() || nesting > limits.max_json_depth || nesting >= SERDE_DEPTH {
         return None;
     }
     if matches!(spec.datatype, DataType::Bool | DataType::Bytes) {
@@ -31,9 +38,12 @@ pub(crate) fn decode(body: &[u8], specs: &[TensorSpec], limits: &Limits) -> Opti
     scan.eat(b':')?;
     let mut tensor =
         Nested { spec, limits, dims: vec![None; spec.shape.len()], elements: Elements::new(spec, usize::MAX) };
-    // Every element but the last is followed by a comma: room for all of them at once.
-    let commas: usize = body.iter().map(|&b| usize::from(b == b',')).sum();
-    tensor.elements.reserve(commas.saturating_add(1).min(limits.max_elements));
+    if body.len() <= RESERVE_BELOW {
+        // Every element but the last is followed by a comma: room for all of them at once. Only for small bodies,
+        // where a body that turns out not to be plain has reserved little; a large one grows as it is read.
+        let commas: usize = body.iter().map(|&b| usize::from(b == b',')).sum();
+        tensor.elements.reserve(commas.saturating_add(1).min(limits.max_elements));
+    }
     tensor.level(&mut scan, 0)?;
     scan.eat(b'}')?;
     scan.skip_space();

@@ -254,3 +254,16 @@ fn a_body_past_a_limit_is_left_to_serde_and_its_error() {
     let at_the_limits = Limits { max_rows: 3, max_elements: 6, max_json_depth: 3 };
     assert!(agree(std::str::from_utf8(body).expect("text"), &specs, &at_the_limits));
 }
+
+#[test]
+fn nesting_past_serde_jsons_own_limit_is_left_to_serde() {
+    // serde_json refuses arrays nested past 128 levels whatever the server's limit: so does the scanner.
+    let rank = 127;
+    let specs = [spec(DataType::Fp32, &vec![1; rank])];
+    let body = format!(r#"{{"input": {}1{}}}"#, "[".repeat(rank), "]".repeat(rank));
+    assert!(decode(body.as_bytes(), &specs, &Limits::NONE).is_none());
+    assert!(decode_serde(body.as_bytes(), &specs, &Limits::NONE).is_err(), "serde_json's own limit");
+    let shallower = [spec(DataType::Fp32, &vec![1; rank - 1])];
+    let body = format!(r#"{{"input": {}1{}}}"#, "[".repeat(rank - 1), "]".repeat(rank - 1));
+    assert!(agree(&body, &shallower, &Limits::NONE), "126 arrays in the object: within serde_json's limit");
+}

@@ -92,8 +92,10 @@ impl Wake for Relay {
         {
             return;
         }
-        if let Some(task) = self.task.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
-            task.wake_by_ref();
+        // Woken outside the lock, so that the lock is never held across a waker's own code.
+        let task = self.task.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Some(task) = task {
+            task.wake();
         }
     }
 }
