@@ -32,10 +32,9 @@ pub(crate) fn decode(body: &[u8], specs: &[TensorSpec], limits: &Limits) -> Opti
         return None;
     }
     let mut scan = Scan { body, at: 0 };
-    scan.eat(b'{')?;
-    scan.skip_space();
-    scan.at += body.get(scan.at..)?.strip_prefix(b"\"input\"").map(|_| "\"input\"".len())?;
-    scan.eat(b':')?;
+    scan.eat(b"{")?;
+    scan.eat(b"\"input\"")?;
+    scan.eat(b":")?;
     let mut tensor =
         Nested { spec, limits, dims: vec![None; spec.shape.len()], elements: Elements::new(spec, usize::MAX) };
     if body.len() <= RESERVE_BELOW {
@@ -45,7 +44,7 @@ pub(crate) fn decode(body: &[u8], specs: &[TensorSpec], limits: &Limits) -> Opti
         tensor.elements.reserve(commas.saturating_add(1).min(limits.max_elements));
     }
     tensor.level(&mut scan, 0)?;
-    scan.eat(b'}')?;
+    scan.eat(b"}")?;
     scan.skip_space();
     if scan.at != body.len() {
         return None;
@@ -66,7 +65,7 @@ struct Nested<'a> {
 impl Nested<'_> {
     /// One array at `depth`, checked as the serde decoder checks it: where that one would refuse it, `None`.
     fn level(&mut self, scan: &mut Scan<'_>, depth: usize) -> Option<()> {
-        scan.eat(b'[')?;
+        scan.eat(b"[")?;
         let fixed = usize::try_from(self.spec.shape[depth]).ok();
         let limit = fixed.or(self.dims[depth]);
         let innermost = depth + 1 == self.spec.shape.len();
@@ -115,10 +114,10 @@ impl Scan<'_> {
         }
     }
 
-    /// `byte` after any white space.
-    fn eat(&mut self, byte: u8) -> Option<()> {
+    /// `text` after any white space.
+    fn eat(&mut self, text: &[u8]) -> Option<()> {
         self.skip_space();
-        (self.body.get(self.at) == Some(&byte)).then(|| self.at += 1)
+        self.body.get(self.at..)?.starts_with(text).then(|| self.at += text.len())
     }
 
     fn digit(&self) -> Option<u8> {

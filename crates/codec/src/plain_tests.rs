@@ -118,19 +118,20 @@ const TYPES: &[DataType] = &[
     DataType::Bool,
 ];
 
-/// A small generator of its own, so that the cases are the same on every run.
-struct Cases(u64);
+/// The cases, from a seeded generator: the same on every run.
+struct Cases(fastrand::Rng);
 
 impl Cases {
+    fn new(seed: u64) -> Self {
+        Cases(fastrand::Rng::with_seed(seed))
+    }
+
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
+        self.0.u64(..)
     }
 
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        self.0.usize(..n)
     }
 
     /// A number: one of [`NUMBERS`], or a random float or integer written as Python and JavaScript write them.
@@ -162,7 +163,7 @@ fn agree(body: &str, specs: &[TensorSpec], limits: &Limits) -> bool {
 
 #[test]
 fn what_the_scanner_reads_serde_reads_to_the_same_bits() {
-    let mut cases = Cases(0x9e37_79b9_7f4a_7c15);
+    let mut cases = Cases::new(0x9e37_79b9_7f4a_7c15);
     let mut read = 0;
     for round in 0..20_000 {
         let datatype = TYPES[round % TYPES.len()];
@@ -189,7 +190,7 @@ fn what_the_scanner_reads_serde_reads_to_the_same_bits() {
 
 #[test]
 fn each_number_reads_as_serde_reads_it_in_every_type() {
-    let mut cases = Cases(0x2545_f491_4f6c_dd1d);
+    let mut cases = Cases::new(0x2545_f491_4f6c_dd1d);
     let numbers: Vec<String> =
         NUMBERS.iter().map(|n| n.to_string()).chain((0..30_000).map(|_| cases.number())).collect();
     for datatype in TYPES {

@@ -16,8 +16,10 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
+
+use futures_util::task::AtomicWaker;
 
 /// How many times in a row a future that woke itself while polled is polled again before its task yields.
 pub const MAX_REPOLLS: usize = 8;
@@ -43,12 +45,12 @@ struct Relay {
     /// [`IDLE`], [`POLLING`] or [`WOKEN`]: set by the poll, moved to `WOKEN` by a wake-up during it.
     state: AtomicU8,
     /// The task's own waker, as of its latest poll: what a wake-up outside a poll wakes.
-    task: Mutex<Option<Waker>>,
+    task: AtomicWaker,
 }
 
 impl<F: Future> Repolled<F> {
     pub fn new(future: F) -> Self {
-        let relay = Arc::new(Relay { state: AtomicU8::new(IDLE), task: Mutex::new(None) });
+        let relay = Arc::new(Relay { state: AtomicU8::new(IDLE), task: AtomicWaker::new() });
         Repolled { future: Box::pin(future), waker: Waker::from(relay.clone()), relay }
     }
 }
@@ -58,12 +60,7 @@ impl<F: Future> Future for Repolled<F> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = &mut *self;
-        {
-            let mut task = this.relay.task.lock().unwrap_or_else(PoisonError::into_inner);
-            if !task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
-                *task = Some(cx.waker().clone());
-            }
-        }
+        this.relay.task.register(cx.waker());
         let mut own = Context::from_waker(&this.waker);
         for _ in 0..=MAX_REPOLLS {
             this.relay.state.store(POLLING, Ordering::SeqCst);
@@ -92,11 +89,7 @@ impl Wake for Relay {
         {
             return;
         }
-        // Woken outside the lock, so that the lock is never held across a waker's own code.
-        let task = self.task.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        if let Some(task) = task {
-            task.wake();
-        }
+        self.task.wake();
     }
 }
 

@@ -1,6 +1,7 @@
 //! [`Repolled`]: wake-ups during a poll become polls on the spot, the rest reach the task, none is lost.
 
 use std::sync::atomic::AtomicUsize;
+use std::sync::Mutex;
 
 use super::*;
 
