@@ -253,7 +253,11 @@ async fn infer_counted(
     let in_flight = metrics.enter(&label, Protocol::Grpc);
     // A unary RPC's gate bounds it by the request timeout and the drain; a stream's requests are bounded here.
     let gated = hold.is_some();
-    let answer = bounded(state, infer_one(state, &model, request, deadline, hold), deadline, gated).await;
+    // Boxed: an async fn's future holds its argument futures twice over (once as arguments, once as the locals
+    // they move into), so the deadline's and the server's bounds around the work would each double it, and the
+    // whole (tens of kilobytes) would be copied into tonic's box on every call.
+    let work = Box::pin(infer_one(state, &model, request, deadline, hold));
+    let answer = bounded(state, work, deadline, gated).await;
     drop(in_flight);
     let code = answer.as_ref().map_or_else(|e| e.status().as_u16(), |_| 200);
     metrics.request_done(&label, Protocol::Grpc, code, started.elapsed());
