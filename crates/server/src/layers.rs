@@ -68,8 +68,18 @@ async fn screen_request_id(mut request: axum::extract::Request) -> axum::extract
     };
     if !keep {
         request.headers_mut().remove(REQUEST_ID_HEADER);
+    } else if let Some(id) = request.headers_mut().get_mut(REQUEST_ID_HEADER) {
+        never_indexed(id);
     }
     request
+}
+
+/// Marks a request id, which is echoed in the response, as never to be indexed by HTTP/2's header compression: an
+/// id is used once, so entering it in the connection's table (as an HTTP/2 server does with a value it may send
+/// again) costs the server and its client an insertion and an eviction on every response, and pushes out the
+/// entries that are sent again. HTTP/1 writes it as before.
+fn never_indexed(id: &mut HeaderValue) {
+    id.set_sensitive(true);
 }
 
 /// Request ids for requests that come without one: random (version 4) UUIDs from a per-thread generator seeded
@@ -81,7 +91,9 @@ impl MakeRequestId for RandomRequestId {
     fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<RequestId> {
         let id = uuid::Builder::from_random_bytes(fastrand::u128(..).to_le_bytes()).into_uuid();
         let mut text = uuid::Uuid::encode_buffer();
-        HeaderValue::from_str(id.hyphenated().encode_lower(&mut text)).ok().map(RequestId::new)
+        let mut id = HeaderValue::from_str(id.hyphenated().encode_lower(&mut text)).ok()?;
+        never_indexed(&mut id);
+        Some(RequestId::new(id))
     }
 }
 
