@@ -62,14 +62,16 @@ mod tests {
         value
     }
 
-    /// The thread caches are the small ones `.cargo/config.toml` compiles in (unless MALLOC_CONF overrides them).
+    /// The thread caches are the small ones `.cargo/config.toml` compiles in, collected as often as it says (unless
+    /// MALLOC_CONF overrides them).
     #[test]
     fn thread_caches_are_small() {
         if std::env::var_os("MALLOC_CONF").is_some() {
             return;
         }
         assert_eq!(option::<u32>(b"opt.tcache_nslots_small_max\0"), 16);
-        assert_eq!(option::<usize>(b"opt.tcache_max\0"), 4096);
+        assert_eq!(option::<usize>(b"opt.tcache_max\0"), 8192);
+        assert_eq!(option::<usize>(b"opt.tcache_gc_incr_bytes\0"), 1 << 20);
     }
 
     /// A purge after freeing a large block: jemalloc accepts the command, and the block's pages leave the process.
