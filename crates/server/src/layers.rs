@@ -102,3 +102,41 @@ fn request_span<B>(request: &axum::http::Request<B>) -> tracing::Span {
     let id = request.headers().get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default();
     tracing::info_span!("request", id = %id, method = %request.method(), path = %request.uri().path())
 }
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    async fn echoed_id(sent: Option<&str>) -> HeaderValue {
+        let routes = Router::new().route("/", get(|| async { "ok" }));
+        let app = outer_layers(routes, tower::layer::util::Identity::new(), || {
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        });
+        let mut request = Request::get("/");
+        if let Some(id) = sent {
+            request = request.header(REQUEST_ID_HEADER, id);
+        }
+        let response = app.oneshot(request.body(Body::empty()).expect("request")).await.expect("response");
+        response.headers().get(REQUEST_ID_HEADER).cloned().expect("an echoed request id")
+    }
+
+    /// The echoed id, made or the client's, is one HTTP/2 never enters in its header table.
+    #[tokio::test]
+    async fn request_ids_are_never_indexed() {
+        let made = echoed_id(None).await;
+        assert_eq!(made.len(), 36, "{made:?}");
+        assert!(made.is_sensitive());
+        let kept = echoed_id(Some("client-7")).await;
+        assert_eq!(kept, "client-7");
+        assert!(kept.is_sensitive());
+        let replaced = echoed_id(Some("bad id")).await;
+        assert_ne!(replaced, "bad id");
+        assert!(replaced.is_sensitive());
+    }
+}
