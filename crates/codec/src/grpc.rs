@@ -14,7 +14,7 @@ use super::shm::{
     inputs_intact, Regions, Span, SpanParameters, BYTE_SIZE_PARAMETER, OFFSET_PARAMETER, REGION_PARAMETER,
 };
 use super::v2::{binary_bytes, decode_owned, write_to, InputHead};
-use super::{given_inputs, names, quoted, CodecError, Limits, Wanted};
+use super::{given_inputs, names, quoted, CodecError, Limits, Named, Wanted};
 
 /// The messages and the service's types, generated from `proto/inference.proto`.
 #[allow(clippy::all, missing_docs)]
@@ -84,8 +84,8 @@ pub fn decode_infer(
         if decoded[slot].is_some() {
             return Err(invalid(format!("input `{}` is given twice", quoted(&input.name))));
         }
-        let what = format!("input `{}`", quoted(&input.name));
-        let span = Span::of(span_parameters(&input.parameters, &what)?, regions, &what)?;
+        let what = Named("input", &input.name);
+        let span = Span::of(span_parameters(&input.parameters, what)?, regions, what)?;
         let raw = if span.is_some() { None } else { raw_contents.next() };
         let (tensor, count) = decode_input(input, raw, span.as_ref(), &meta.inputs[slot], limits, elements)?;
         input_memory.extend(span);
@@ -116,8 +116,8 @@ pub fn decode_infer(
             };
             classification.push((i, k));
         }
-        let what = format!("output `{name}`");
-        let memory = Span::of(span_parameters(&o.parameters, &what)?, regions, &what)?;
+        let what = Named("output", &o.name);
+        let memory = Span::of(span_parameters(&o.parameters, what)?, regions, what)?;
         chosen.push(Wanted { index: i, binary: true, memory, finite: false });
     }
     if outputs.is_empty() {
@@ -141,7 +141,7 @@ pub fn decode_infer(
 /// A tensor's shared-memory parameters, of the types Triton's clients send (a string, and integers).
 fn span_parameters<'a>(
     parameters: &'a HashMap<String, InferParameter>,
-    what: &str,
+    what: Named<'_>,
 ) -> Result<SpanParameters<'a>, CodecError> {
     let count = |key: &str| match parameters.get(key).map(|p| &p.parameter_choice) {
         None => Ok(None),

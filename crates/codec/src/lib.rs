@@ -206,6 +206,16 @@ pub fn non_finite(what: &str, name: &str, index: usize, value: f64) -> String {
     )
 }
 
+/// A tensor as a message names it, ``input `x` ``: `Named("input", "x")`. Written out only where a message is.
+#[derive(Clone, Copy)]
+pub struct Named<'a>(pub &'static str, pub &'a str);
+
+impl fmt::Display for Named<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} `{}`", self.0, quoted(self.1))
+    }
+}
+
 /// A client's text, for a message: at most [`QUOTE_CHARS`] characters of it, then `…`.
 pub fn quoted(text: &str) -> Quoted<'_> {
     Quoted(text)

@@ -85,7 +85,11 @@ pub struct SpanParameters<'a> {
 impl Span {
     /// The span that `given` names, for the tensor `what` (`input "x"`, say): `None` where it names none. Refused
     /// where only some of the parameters are given, the region is not registered, or the span runs past its end.
-    pub fn of(given: SpanParameters<'_>, regions: &dyn Regions, what: &str) -> Result<Option<Span>, CodecError> {
+    pub fn of(
+        given: SpanParameters<'_>,
+        regions: &dyn Regions,
+        what: impl fmt::Display,
+    ) -> Result<Option<Span>, CodecError> {
         let invalid = |m: String| CodecError::Invalid(format!("{what}: {m}"));
         let (name, size) = match (given.region, given.byte_size) {
             (None, None) if given.offset.is_none() => return Ok(None),

@@ -12,7 +12,7 @@ use serde_json::value::RawValue;
 
 use super::json::{decode_flat, FlatJson};
 use super::shm::{inputs_intact, Regions, Span, SpanParameters};
-use super::{check_json_depth, given_inputs, names, quoted, shape_text, CodecError, Limits, Wanted};
+use super::{check_json_depth, given_inputs, names, quoted, shape_text, CodecError, Limits, Named, Wanted};
 
 /// The header that gives the length of a body's JSON part when binary tensors follow it.
 pub const JSON_LENGTH_HEADER: &str = "inference-header-content-length";
@@ -195,7 +195,7 @@ pub fn decode_infer(
                     Some(k) => classification.push((i, usize::try_from(k).unwrap_or(usize::MAX))),
                     None => {}
                 }
-                let memory = Span::of(o.parameters.span(), regions, &format!("output `{name}`"))?;
+                let memory = Span::of(o.parameters.span(), regions, Named("output", &o.name))?;
                 let binary = memory.is_none() && o.parameters.binary_data.unwrap_or(default_binary);
                 chosen.push(Wanted { index: i, binary, memory, finite: false });
             }
@@ -222,7 +222,7 @@ fn decode_input(
     let invalid = |m: String| CodecError::Invalid(format!("input `{name}`: {m}"));
     let InputHead { datatype, shape, count, elements } =
         InputHead::check(&input.name, &input.datatype, &input.shape, spec, limits, elements_before)?;
-    if let Some(span) = Span::of(input.parameters.span(), regions, &format!("input `{name}`"))? {
+    if let Some(span) = Span::of(input.parameters.span(), regions, Named("input", &input.name))? {
         if input.parameters.binary_data_size.is_some() || input.data.is_some() {
             return Err(invalid("it is in shared memory, and has `data` or binary_data_size too".into()));
         }
@@ -314,9 +314,10 @@ pub(crate) fn decode_owned(
     given: &str,
 ) -> Result<Tensor, String> {
     let Some(size) = datatype.size() else { return decode_binary_strings(shape, count, &bytes) };
-    let shown = shape_text(&shape);
-    let expected = count.checked_mul(size).ok_or_else(|| format!("shape {shown} is too large"))?;
+    // The shape is written out only for an error: on every request it cost more than the checks.
+    let expected = count.checked_mul(size).ok_or_else(|| format!("shape {} is too large", shape_text(&shape)))?;
     if bytes.len() != expected {
+        let shown = shape_text(&shape);
         return Err(format!("{given} {} bytes, but {datatype} {shown} needs {expected} bytes", bytes.len()));
     }
     let bytes = if bytes.as_ptr().align_offset(size) == 0 { bytes } else { Bytes::copy_from_slice(&bytes) };
