@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderName};
 use axum::middleware::Next;
 use axum::response::Response;
 use axum::Router;
@@ -179,7 +179,8 @@ fn stream_error(status: Status, max_body_bytes: usize) -> Status {
 
 /// The `grpc-timeout` header: up to 8 digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`).
 fn grpc_timeout(headers: &HeaderMap) -> Result<Option<Duration>, String> {
-    let Some(value) = headers.get("grpc-timeout") else { return Ok(None) };
+    const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+    let Some(value) = headers.get(GRPC_TIMEOUT) else { return Ok(None) };
     let bad =
         || format!("grpc-timeout `{}` is not 1 to 8 digits and a unit", String::from_utf8_lossy(value.as_bytes()));
     let text = value.to_str().map_err(|_| bad())?;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use inferd_batcher::{Inputs, Pieces};
 use inferd_core::{ModelMetadata, Tensor, TensorSpec};
 use inferd_models::{Answer, Input, LoadedModel, Request, Service, TaskError, Texts};
@@ -48,12 +48,15 @@ pub struct Served {
 impl Served {
     /// The response headers that say how the request was served.
     pub fn headers(&self) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        for (name, value) in [
-            (BATCH_SIZE_HEADER, self.batch_rows as u128),
-            (QUEUE_TIME_HEADER, self.queue_time.as_micros()),
-            (COMPUTE_TIME_HEADER, self.compute_time.as_micros()),
-        ] {
+        // The names as `HeaderName`s made once: a `&str` is parsed and checked again on every insert.
+        const NAMES: [HeaderName; 3] = [
+            HeaderName::from_static(BATCH_SIZE_HEADER),
+            HeaderName::from_static(QUEUE_TIME_HEADER),
+            HeaderName::from_static(COMPUTE_TIME_HEADER),
+        ];
+        let mut headers = HeaderMap::with_capacity(NAMES.len());
+        let values = [self.batch_rows as u128, self.queue_time.as_micros(), self.compute_time.as_micros()];
+        for (name, value) in NAMES.into_iter().zip(values) {
             headers.insert(name, HeaderValue::from(u64::try_from(value).unwrap_or(u64::MAX)));
         }
         headers

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use inferd_models::{Input, LoadedModel, Request};
 
@@ -55,7 +55,8 @@ pub async fn serve(
 
 /// The queue deadline an `x-inferd-timeout-ms` header asks for.
 pub fn queue_deadline(headers: &HeaderMap) -> Result<Option<Instant>, AppError> {
-    let Some(value) = headers.get(TIMEOUT_HEADER) else { return Ok(None) };
+    const TIMEOUT: HeaderName = HeaderName::from_static(TIMEOUT_HEADER);
+    let Some(value) = headers.get(TIMEOUT) else { return Ok(None) };
     let ms: u64 = value
         .to_str()
         .ok()
