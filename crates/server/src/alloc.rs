@@ -70,7 +70,7 @@ mod tests {
             return;
         }
         assert_eq!(option::<u32>(b"opt.tcache_nslots_small_max\0"), 16);
-        assert_eq!(option::<usize>(b"opt.tcache_max\0"), 8192);
+        assert_eq!(option::<usize>(b"opt.tcache_max\0"), 4096);
         assert_eq!(option::<usize>(b"opt.tcache_gc_incr_bytes\0"), 1 << 20);
     }
 
