@@ -5,7 +5,7 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use inferd_models::{Input, Request};
@@ -197,10 +197,13 @@ async fn version_statistics(State(state): State<AppState>, model: RoutedModel) -
     Ok(Json(V2Statistics { model_stats: models::statistics(&[entry]) }))
 }
 
+/// [`JSON_LENGTH_HEADER`] as a header name, checked once: a `&str` is parsed again on every lookup.
+const JSON_LENGTH: HeaderName = HeaderName::from_static(JSON_LENGTH_HEADER);
+
 /// The `Inference-Header-Content-Length` header: the length of the body's JSON part.
 fn json_length(headers: &HeaderMap) -> Result<Option<usize>, AppError> {
     headers
-        .get(JSON_LENGTH_HEADER)
+        .get(JSON_LENGTH)
         .map(|v| {
             v.to_str()
                 .ok()
@@ -244,7 +247,7 @@ async fn run_infer(
     .await?;
     let content_type = match json_len {
         Some(len) => {
-            headers.insert(JSON_LENGTH_HEADER, HeaderValue::from(len as u64));
+            headers.insert(JSON_LENGTH, HeaderValue::from(len as u64));
             "application/octet-stream"
         }
         None => "application/json",
