@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(false)
         .build_transport(false)
         .extern_path(".inference", "::inferd_codec::grpc::proto")
+        // prost's codec with smaller first buffers (crates/server/src/grpc/codec.rs).
+        .codec_path("crate::grpc::codec::Codec")
         .compile_fds(descriptors)?;
     Ok(())
 }

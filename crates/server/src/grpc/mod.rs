@@ -8,6 +8,7 @@
 //! prefix, before it is read. Connections are HTTP/2 only; on the drain each gets a GOAWAY, and the requests and
 //! streams open on it finish.
 
+mod codec;
 mod extensions;
 mod health;
 mod messages;
