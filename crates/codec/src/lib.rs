@@ -200,15 +200,14 @@ const QUOTE_CHARS: usize = 64;
 pub fn non_finite(what: &str, name: &str, index: usize, value: f64) -> String {
     let value = if value.is_nan() { "NaN".to_owned() } else { format!("{value}") };
     format!(
-        "{what} `{}` holds {value} at element {index}: this server takes and gives finite numbers only \
-         (--allow-non-finite)",
-        quoted(name)
+        "{} holds {value} at element {index}: this server takes and gives finite numbers only (--allow-non-finite)",
+        Named(what, name)
     )
 }
 
 /// A tensor as a message names it, ``input `x` ``: `Named("input", "x")`. Written out only where a message is.
 #[derive(Clone, Copy)]
-pub struct Named<'a>(pub &'static str, pub &'a str);
+pub struct Named<'a>(pub &'a str, pub &'a str);
 
 impl fmt::Display for Named<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

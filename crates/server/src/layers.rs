@@ -14,11 +14,9 @@ use tower::{Layer, Service, ServiceBuilder};
 use tower_http::request_id::{MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer};
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
-/// The request id: taken from the request, or made, and echoed in the response.
-pub const REQUEST_ID_HEADER: &str = "x-request-id";
-
-/// [`REQUEST_ID_HEADER`] as a header name, checked once: a `&str` is parsed again on every lookup.
-const REQUEST_ID: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
+/// The request id: taken from the request, or made, and echoed in the response. A `HeaderName`, checked once: a
+/// name given as a `&str` is parsed again on every lookup.
+pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The layers every request passes first, over HTTP and gRPC alike: its request id (screened, made where
 /// missing, echoed), its span, and a panic answered with `panicked`'s response; then `inner`, the caller's own (the
@@ -32,7 +30,7 @@ where
     L::Service: Service<Request, Response = Response, Error = Infallible> + Clone + Send + Sync + 'static,
     <L::Service as Service<Request>>::Future: Send + 'static,
 {
-    let request_id = REQUEST_ID;
+    let request_id = REQUEST_ID_HEADER;
     routes.layer(
         ServiceBuilder::new()
             .layer(tower_http::catch_panic::CatchPanicLayer::custom(move |_| panicked()))
@@ -62,7 +60,7 @@ fn acceptable_request_id(id: &[u8]) -> bool {
 
 /// Drops a request id that is not acceptable (or sent more than once): a new one is made in its place.
 async fn screen_request_id(mut request: axum::extract::Request) -> axum::extract::Request {
-    let ids = request.headers().get_all(REQUEST_ID);
+    let ids = request.headers().get_all(REQUEST_ID_HEADER);
     let mut iter = ids.iter();
     let keep = match (iter.next(), iter.next()) {
         (None, _) => true,
@@ -70,8 +68,8 @@ async fn screen_request_id(mut request: axum::extract::Request) -> axum::extract
         (Some(_), Some(_)) => false,
     };
     if !keep {
-        request.headers_mut().remove(REQUEST_ID);
-    } else if let Some(id) = request.headers_mut().get_mut(REQUEST_ID) {
+        request.headers_mut().remove(REQUEST_ID_HEADER);
+    } else if let Some(id) = request.headers_mut().get_mut(REQUEST_ID_HEADER) {
         never_indexed(id);
     }
     request
@@ -102,7 +100,7 @@ impl MakeRequestId for RandomRequestId {
 
 /// The span every request runs in; the batcher carries it to the worker thread that serves the request.
 fn request_span<B>(request: &axum::http::Request<B>) -> tracing::Span {
-    let id = request.headers().get(REQUEST_ID).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let id = request.headers().get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default();
     tracing::info_span!("request", id = %id, method = %request.method(), path = %request.uri().path())
 }
 

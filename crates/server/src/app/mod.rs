@@ -6,7 +6,7 @@ mod checkpoint;
 mod openapi;
 
 use axum::extract::DefaultBodyLimit;
-use axum::http::{HeaderName, HeaderValue};
+use axum::http::HeaderValue;
 use axum::middleware;
 use axum::response::IntoResponse;
 use axum::Router;
@@ -172,10 +172,10 @@ fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
             .allow_headers([
                 header::CONTENT_TYPE,
                 header::AUTHORIZATION,
-                HeaderName::from_static(REQUEST_ID_HEADER),
-                HeaderName::from_static("inference-header-content-length"),
+                REQUEST_ID_HEADER,
+                crate::routes::v2::JSON_LENGTH,
             ])
-            .expose_headers([HeaderName::from_static(REQUEST_ID_HEADER)]),
+            .expose_headers([REQUEST_ID_HEADER]),
     )
 }
 

@@ -25,10 +25,11 @@ use crate::trace::Traced;
 /// on the async runtime's threads.
 pub const INLINE_WORK_BYTES: usize = 64 * 1024;
 
-/// Response headers that say how a request was served.
-pub const BATCH_SIZE_HEADER: &str = "x-inferd-batch-size";
-pub const QUEUE_TIME_HEADER: &str = "x-inferd-queue-us";
-pub const COMPUTE_TIME_HEADER: &str = "x-inferd-compute-us";
+/// Response headers that say how a request was served. `HeaderName`s, checked once: a name given as a `&str` is
+/// parsed again on every insert.
+pub const BATCH_SIZE_HEADER: HeaderName = HeaderName::from_static("x-inferd-batch-size");
+pub const QUEUE_TIME_HEADER: HeaderName = HeaderName::from_static("x-inferd-queue-us");
+pub const COMPUTE_TIME_HEADER: HeaderName = HeaderName::from_static("x-inferd-compute-us");
 
 /// A model's answer, and how it was served.
 #[derive(Debug)]
@@ -48,15 +49,12 @@ pub struct Served {
 impl Served {
     /// The response headers that say how the request was served.
     pub fn headers(&self) -> HeaderMap {
-        // The names as `HeaderName`s made once: a `&str` is parsed and checked again on every insert.
-        const NAMES: [HeaderName; 3] = [
-            HeaderName::from_static(BATCH_SIZE_HEADER),
-            HeaderName::from_static(QUEUE_TIME_HEADER),
-            HeaderName::from_static(COMPUTE_TIME_HEADER),
-        ];
-        let mut headers = HeaderMap::with_capacity(NAMES.len());
-        let values = [self.batch_rows as u128, self.queue_time.as_micros(), self.compute_time.as_micros()];
-        for (name, value) in NAMES.into_iter().zip(values) {
+        let mut headers = HeaderMap::with_capacity(3);
+        for (name, value) in [
+            (BATCH_SIZE_HEADER, self.batch_rows as u128),
+            (QUEUE_TIME_HEADER, self.queue_time.as_micros()),
+            (COMPUTE_TIME_HEADER, self.compute_time.as_micros()),
+        ] {
             headers.insert(name, HeaderValue::from(u64::try_from(value).unwrap_or(u64::MAX)));
         }
         headers

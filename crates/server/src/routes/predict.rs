@@ -15,8 +15,9 @@ use crate::error::AppError;
 use crate::ops::infer::{deadline_in, decode, decode_unread, encode, infer};
 use crate::state::AppState;
 
-/// Milliseconds a `/predict` request may wait in the queue before it is answered 503 without running.
-pub const TIMEOUT_HEADER: &str = "x-inferd-timeout-ms";
+/// Milliseconds a `/predict` request may wait in the queue before it is answered 503 without running. A
+/// `HeaderName`, checked once: a name given as a `&str` is parsed again on every lookup.
+pub const TIMEOUT_HEADER: HeaderName = HeaderName::from_static("x-inferd-timeout-ms");
 
 /// Serves the seed's body on `model`, within `deadline`.
 pub async fn serve(
@@ -55,8 +56,7 @@ pub async fn serve(
 
 /// The queue deadline an `x-inferd-timeout-ms` header asks for.
 pub fn queue_deadline(headers: &HeaderMap) -> Result<Option<Instant>, AppError> {
-    const TIMEOUT: HeaderName = HeaderName::from_static(TIMEOUT_HEADER);
-    let Some(value) = headers.get(TIMEOUT) else { return Ok(None) };
+    let Some(value) = headers.get(TIMEOUT_HEADER) else { return Ok(None) };
     let ms: u64 = value
         .to_str()
         .ok()

@@ -198,7 +198,7 @@ async fn version_statistics(State(state): State<AppState>, model: RoutedModel) -
 }
 
 /// [`JSON_LENGTH_HEADER`] as a header name, checked once: a `&str` is parsed again on every lookup.
-const JSON_LENGTH: HeaderName = HeaderName::from_static(JSON_LENGTH_HEADER);
+pub(crate) const JSON_LENGTH: HeaderName = HeaderName::from_static(JSON_LENGTH_HEADER);
 
 /// The `Inference-Header-Content-Length` header: the length of the body's JSON part.
 fn json_length(headers: &HeaderMap) -> Result<Option<usize>, AppError> {
