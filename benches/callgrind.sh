@@ -72,15 +72,12 @@ else:
     import numpy as np
     if protocol == "grpc":
         import tritonclient.grpc as triton
-        client = triton.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        client, options = triton.InferenceServerClient(f"127.0.0.1:{grpc_port}"), {}
     else:
         import tritonclient.http as triton
-        client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+        client, options = triton.InferenceServerClient(f"127.0.0.1:{port}"), {"binary_data": True}
     tensor = triton.InferInput("input", [1, 64], "FP32")
-    if protocol == "grpc":
-        tensor.set_data_from_numpy(np.array([row], dtype=np.float32))
-    else:
-        tensor.set_data_from_numpy(np.array([row], dtype=np.float32), binary_data=True)
+    tensor.set_data_from_numpy(np.array([row], dtype=np.float32), **options)
     def send(n):
         for _ in range(n):
             assert client.infer("digits", [tensor]).as_numpy("logits").shape == (1, 10)

@@ -114,16 +114,26 @@ fn numbers(scan: &mut Scan<'_>, most: usize, mut push: impl FnMut(Number) -> Opt
         if n > most {
             return None;
         }
-        at = after_space(body, at);
-        match body.get(at)? {
-            b',' => at += 1,
-            b']' => {
-                scan.at = at + 1;
-                return Some(n);
-            }
-            _ => return None,
+        let end;
+        (end, at) = separator(body, at)?;
+        if end {
+            scan.at = at;
+            return Some(n);
         }
     }
+}
+
+/// After an array's item, from `at`: whether it was the last (past the closing bracket) or another follows (past a
+/// comma), and where the next byte is.
+#[inline(always)]
+fn separator(body: &[u8], at: usize) -> Option<(bool, usize)> {
+    let at = after_space(body, at);
+    let end = match body.get(at)? {
+        b',' => false,
+        b']' => true,
+        _ => return None,
+    };
+    Some((end, at + 1))
 }
 
 /// The first byte at or after `at` that is not JSON's white space.
@@ -247,13 +257,8 @@ impl Scan<'_> {
 
     /// After an item of an array: `false` past a comma (another item follows), `true` past the closing bracket.
     fn separator(&mut self) -> Option<bool> {
-        self.skip_space();
-        let end = match self.body.get(self.at)? {
-            b',' => false,
-            b']' => true,
-            _ => return None,
-        };
-        self.at += 1;
+        let end;
+        (end, self.at) = separator(self.body, self.at)?;
         Some(end)
     }
 }
