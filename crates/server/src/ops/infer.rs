@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
+use axum::response::Response;
 use inferd_batcher::{Inputs, Pieces};
 use inferd_core::{ModelMetadata, Tensor, TensorSpec};
 use inferd_models::{Answer, Input, LoadedModel, Request, Service, TaskError, Texts};
@@ -31,6 +32,10 @@ pub const BATCH_SIZE_HEADER: HeaderName = HeaderName::from_static("x-inferd-batc
 pub const QUEUE_TIME_HEADER: HeaderName = HeaderName::from_static("x-inferd-queue-us");
 pub const COMPUTE_TIME_HEADER: HeaderName = HeaderName::from_static("x-inferd-compute-us");
 
+/// Room in [`Served::headers`]'s map for what a plain answer leaves with besides them (its content type and length,
+/// the request id, a route's own), so that the map does not grow on the way out.
+const ANSWER_HEADERS: usize = 8;
+
 /// A model's answer, and how it was served.
 #[derive(Debug)]
 pub struct Served {
@@ -49,7 +54,7 @@ pub struct Served {
 impl Served {
     /// The response headers that say how the request was served.
     pub fn headers(&self) -> HeaderMap {
-        let mut headers = HeaderMap::with_capacity(3);
+        let mut headers = HeaderMap::with_capacity(ANSWER_HEADERS);
         for (name, value) in [
             (BATCH_SIZE_HEADER, self.batch_rows as u128),
             (QUEUE_TIME_HEADER, self.queue_time.as_micros()),
@@ -59,6 +64,15 @@ impl Served {
         }
         headers
     }
+}
+
+/// The answer `body`, of `content_type`, with `headers` (a [`Served::headers`] map and a route's own): the response
+/// takes the map as it is, where an axum `(headers, body)` answer starts another map and copies each one into it.
+pub fn respond(mut headers: HeaderMap, content_type: &'static str, body: impl Into<Body>) -> Response {
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    let mut response = Response::new(body.into());
+    *response.headers_mut() = headers;
+    response
 }
 
 /// The work a decode of a `len`-byte body for `model` does, in bytes, for [`decode`]: `len`, or at least enough to

@@ -7,8 +7,7 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use inferd_models::{Input, Request, Service, TextInput};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
@@ -16,7 +15,7 @@ use utoipa_axum::routes;
 
 use crate::codec::{quoted, CodecError};
 use crate::error::{body_error, AppError};
-use crate::ops::infer::{encode, infer, off_runtime_if};
+use crate::ops::infer::{encode, infer, off_runtime_if, respond};
 use crate::ops::text::{ranked, rerank_pairs, timing_headers};
 use crate::request::{default_of, InflightHold, ServedModel};
 use crate::state::AppState;
@@ -187,7 +186,7 @@ async fn rerank(
             serde_json::to_vec(&response).map_err(|e| CodecError::Encode(e.to_string()))
         })
         .await?;
-        Ok::<_, AppError>((headers, [(header::CONTENT_TYPE, "application/json")], body).into_response())
+        Ok::<_, AppError>(respond(headers, "application/json", body))
     };
     let mut response = answer.await.unwrap_or_else(failure);
     if let Some(label) = label {

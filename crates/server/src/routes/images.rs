@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::http::{header, HeaderMap, HeaderValue};
-use axum::response::{IntoResponse, Response};
+use axum::http::{header, HeaderMap};
+use axum::response::Response;
 use inferd_models::task::{file_from_base64, Picture, Reading};
 use inferd_models::{Input, LoadedModel, Request};
 use serde::{Deserialize, Serialize};
@@ -17,7 +17,7 @@ use crate::budget::Hold;
 use crate::codec::json::NestedJson;
 use crate::codec::CodecError;
 use crate::error::AppError;
-use crate::ops::infer::{decode, encode, infer, off_runtime_if, Served, INLINE_WORK_BYTES};
+use crate::ops::infer::{decode, encode, infer, off_runtime_if, respond, Served, INLINE_WORK_BYTES};
 use crate::state::AppState;
 
 /// How a body carries pictures, by its `Content-Type`.
@@ -193,12 +193,13 @@ pub async fn predict(
         answer_json(&encoder, pictures)
     })
     .await?;
-    let content_type = [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))];
-    Ok((headers, content_type, body).into_response())
+    Ok(respond(headers, "application/json", body))
 }
 
 #[cfg(test)]
 mod tests {
+    use axum::http::HeaderValue;
+
     use super::*;
 
     #[test]

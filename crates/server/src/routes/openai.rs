@@ -6,7 +6,6 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine as _;
@@ -19,7 +18,7 @@ use utoipa_axum::routes;
 use super::TextsInput;
 use crate::codec::{quoted, CodecError};
 use crate::error::{body_error, AppError, ErrorKind};
-use crate::ops::infer::{encode, infer, off_runtime_if, INLINE_WORK_BYTES};
+use crate::ops::infer::{encode, infer, off_runtime_if, respond, INLINE_WORK_BYTES};
 use crate::ops::text::{require, timing_headers};
 use crate::request::{default_of, InflightHold, ServedModel};
 use crate::state::AppState;
@@ -202,7 +201,7 @@ async fn embed(
         let mut headers = served.headers();
         headers.extend(timing_headers(&served, &model));
         let body = encode(served, move |served| encode_embeddings(model.name(), &served.answer, encoding)).await?;
-        Ok((headers, [(header::CONTENT_TYPE, "application/json")], body).into_response())
+        Ok(respond(headers, "application/json", body))
     };
     let mut response = match answer.await {
         Ok(response) => response,

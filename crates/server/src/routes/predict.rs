@@ -5,14 +5,14 @@
 
 use std::time::Instant;
 
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, HeaderName};
+use axum::response::Response;
 use inferd_models::{Input, LoadedModel, Request};
 
 use crate::budget::{Hold, Payload};
 use crate::codec::predict::{decode_predict, decode_predict_from, PredictResponse, Prediction};
 use crate::error::AppError;
-use crate::ops::infer::{deadline_in, decode, decode_unread, encode, infer};
+use crate::ops::infer::{deadline_in, decode, decode_unread, encode, infer, respond};
 use crate::state::AppState;
 
 /// Milliseconds a `/predict` request may wait in the queue before it is answered 503 without running. A
@@ -50,8 +50,7 @@ pub async fn serve(
         serde_json::to_vec(&response).map_err(|e| crate::codec::CodecError::Encode(e.to_string()))
     })
     .await?;
-    let content_type = [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))];
-    Ok((headers, content_type, body).into_response())
+    Ok(respond(headers, "application/json", body))
 }
 
 /// The queue deadline an `x-inferd-timeout-ms` header asks for.

@@ -5,8 +5,8 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::Response;
 use axum::Json;
 use inferd_models::{Input, Request};
 use utoipa_axum::router::OpenApiRouter;
@@ -20,7 +20,8 @@ use crate::codec::v2::models::{
 use crate::codec::v2::{decode_infer, encode_infer, V2InferRequest, V2InferResponse, JSON_LENGTH_HEADER};
 use crate::error::{body_error, AppError, ErrorBody, InferErrors};
 use crate::ops::infer::{
-    answers_to_device, classify_outputs, deadline_in, decode, decode_bytes, encode_shared, infer, scan_outputs_on_write,
+    answers_to_device, classify_outputs, deadline_in, decode, decode_bytes, encode_shared, infer, respond,
+    scan_outputs_on_write,
 };
 use crate::ops::models;
 use crate::ops::repository;
@@ -252,8 +253,7 @@ async fn run_infer(
         }
         None => "application/json",
     };
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    Ok((headers, body).into_response())
+    Ok(respond(headers, content_type, body))
 }
 
 twin_routes! {

@@ -52,7 +52,7 @@ use super::{inputs_kind, InputsKind, TextsInput};
 use crate::budget::Hold;
 use crate::codec::CodecError;
 use crate::error::{body_error, AppError, ErrorKind};
-use crate::ops::infer::{decode, encode, infer, Served};
+use crate::ops::infer::{decode, encode, infer, respond, Served};
 use crate::ops::text::{require, timing_headers};
 use crate::request::{InflightHold, RoutedModel};
 use crate::state::AppState;
@@ -158,7 +158,7 @@ where
     let mut headers = served.headers();
     headers.extend(timing_headers(&served, model));
     let body = encode(served, move |served| answer(served, context)).await?;
-    Ok((headers, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response())
+    Ok(respond(headers, "application/json", body))
 }
 
 /// `value` as a JSON body.
