@@ -9,9 +9,11 @@
 //! that keeps waking itself (tokio's cooperative budget spent, say) still yields as before. A wake-up from
 //! anywhere while the future is not being polled goes straight to the task.
 //!
-//! gRPC's streams wake themselves too (a stream's task reserving room for its answer is given it at once, and woken
-//! for it), but there tokio's wake-ups of another worker did not follow: one voluntary context switch a request
-//! either way, so the HTTP/2 side is left as it was.
+//! Over HTTP/2 hyper hands each request's stream to an executor, to run beside the connection. [`StreamsInline`]
+//! runs it in the connection's task first, [`Repolled`], from where hyper hands it over: a stream whose request
+//! came whole and is answered at once (a small model's lone request, run inline on its idle worker) is done there,
+//! without a task of its own, two more polls of tasks and the connection's wake-up by the stream. One that is not
+//! done is spawned as before, and carries on in a task of its own.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -90,6 +92,29 @@ impl Wake for Relay {
             return;
         }
         self.task.wake();
+    }
+}
+
+/// hyper's executor for an HTTP/2 connection's streams (see the module's documentation): each stream is polled at
+/// once where hyper hands it over, inside the connection's poll, and spawned only if that does not finish it. A
+/// stream that panics there is dropped, as a task that panics is, and its connection goes on.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StreamsInline;
+
+impl<F> hyper::rt::Executor<F> for StreamsInline
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    fn execute(&self, stream: F) {
+        let mut stream = Repolled::new(stream);
+        // No task to wake yet: a wake-up before the spawned task's first poll is seen by that poll.
+        let mut cx = Context::from_waker(Waker::noop());
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Pin::new(&mut stream).poll(&mut cx))) {
+            Ok(Poll::Ready(())) | Err(_) => {}
+            Ok(Poll::Pending) => {
+                tokio::spawn(stream);
+            }
+        }
     }
 }
 

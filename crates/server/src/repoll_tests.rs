@@ -139,3 +139,69 @@ fn a_wake_up_from_another_thread_is_never_lost() {
         }
     }
 }
+
+// `StreamsInline`. The tests without a runtime show that nothing was spawned: `tokio::spawn` panics outside one.
+
+#[test]
+fn a_stream_answered_at_once_runs_where_it_is_handed_over_without_a_task() {
+    use hyper::rt::Executor;
+    let ran = Arc::new(AtomicUsize::new(0));
+    let seen = ran.clone();
+    StreamsInline.execute(async move {
+        seen.fetch_add(1, Ordering::SeqCst);
+    });
+    assert_eq!(ran.load(Ordering::SeqCst), 1, "done before execute returned");
+}
+
+#[test]
+fn a_stream_that_wakes_itself_is_polled_again_inline() {
+    use hyper::rt::Executor;
+    // As a stream reserving room for its answer: given it at once, and woken for it.
+    let (future, wakers) = wakes_itself(3);
+    let polls = Arc::new(AtomicUsize::new(0));
+    let seen = polls.clone();
+    StreamsInline.execute(async move {
+        seen.store(future.await, Ordering::SeqCst);
+    });
+    assert_eq!(polls.load(Ordering::SeqCst), 4, "three self-wakes, four polls, all before execute returned");
+    assert_eq!(wakers.lock().expect("a test thread panicked").len(), 4);
+}
+
+#[tokio::test]
+async fn a_stream_that_waits_is_spawned_and_finishes_when_woken() {
+    use hyper::rt::Executor;
+    // Woken before its task first runs (the wake-up reaches the waker of the poll inside execute), and after (it
+    // must reach the task).
+    for late in [false, true] {
+        let (send, receive) = tokio::sync::oneshot::channel::<u32>();
+        let (done, finished) = tokio::sync::oneshot::channel::<u32>();
+        StreamsInline.execute(async move {
+            let value = receive.await.expect("the sender was dropped");
+            done.send(value + 1).expect("the test stopped waiting");
+        });
+        if late {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        send.send(41).expect("the stream was dropped");
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(10), finished).await;
+        assert_eq!(answer.expect("the stream never finished: its wake-up was lost").expect("dropped"), 42, "{late}");
+    }
+}
+
+#[test]
+fn a_stream_that_panics_inline_is_dropped_and_the_connection_goes_on() {
+    use hyper::rt::Executor;
+    let dropped = Arc::new(AtomicUsize::new(0));
+    struct Counts(Arc<AtomicUsize>);
+    impl Drop for Counts {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let held = Counts(dropped.clone());
+    StreamsInline.execute(async move {
+        let _held = held;
+        panic!("a stream's handler panicked");
+    });
+    assert_eq!(dropped.load(Ordering::SeqCst), 1, "the stream's state was dropped, and execute returned");
+}

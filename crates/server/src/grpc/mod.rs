@@ -25,7 +25,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use axum::Router;
 use hyper::body::{Frame, Incoming};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -36,6 +36,7 @@ use crate::budget::Hold;
 use crate::connections::{accept_until, ConnectionSettings};
 use crate::drain::Drain;
 use crate::error::AppError;
+use crate::repoll::{Repolled, StreamsInline};
 use crate::socket::{Listener, Stream};
 use crate::state::AppState;
 
@@ -120,6 +121,12 @@ async fn gate(State(state): State<AppState>, mut request: Request, next: Next) -
         return Status::from(refusal.clone()).into_http();
     }
     // A unary message past the limit is refused by tonic (OUT_OF_RANGE) from its length prefix, before it is read.
+    // An answer's status is in its trailers: only a refusal has one in its headers. Looked up by a `HeaderName`
+    // first, since tonic's lookup parses the name from a string on every call.
+    const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+    if !response.headers().contains_key(GRPC_STATUS) {
+        return response;
+    }
     match Status::from_header_map(response.headers()) {
         Some(status) if status.code() == tonic::Code::OutOfRange => {
             stream_error(status, state.max_body_bytes()).into_http()
@@ -248,7 +255,9 @@ impl Connections {
             let app = app.clone();
             async move { Ok::<_, Infallible>(app.oneshot(request.map(Body::new)).await.unwrap_or_else(|e| match e {})) }
         });
-        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        // A stream is run where hyper hands it over, in the connection's task, and spawned only if that does not
+        // finish it (see `repoll`).
+        let mut builder = hyper::server::conn::http2::Builder::new(StreamsInline);
         // Dead peers are found by pings rather than kept forever.
         builder.timer(hyper_util::rt::TokioTimer::new()).keep_alive_interval(Duration::from_secs(60));
         let first_bytes = self.first_bytes;
@@ -260,7 +269,8 @@ impl Connections {
                 tracing::debug!("closing a gRPC connection that sent nothing");
                 return;
             }
-            let connection = watcher.watch(builder.serve_connection(TokioIo::new(stream), service));
+            // Repolled: a stream answered inside the connection's poll wakes the connection, to send its answer.
+            let connection = Repolled::new(watcher.watch(builder.serve_connection(TokioIo::new(stream), service)));
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "a gRPC connection ended with an error");
             }
