@@ -70,8 +70,30 @@ mod tests {
             return;
         }
         assert_eq!(option::<u32>(b"opt.tcache_nslots_small_max\0"), 16);
-        assert_eq!(option::<usize>(b"opt.tcache_max\0"), 4096);
+        assert_eq!(option::<usize>(b"opt.tcache_max\0"), 8192);
         assert_eq!(option::<usize>(b"opt.tcache_gc_incr_bytes\0"), 1 << 20);
+        assert_eq!(cached_at_most(8192), 2, "blocks above 4 KiB: two of each size");
+        assert_eq!(cached_at_most(4097), 2);
+        assert_eq!(cached_at_most(4096), 16, "smaller blocks as before");
+    }
+
+    /// How many free blocks of `size` bytes the calling thread's cache keeps at most.
+    fn cached_at_most(size: usize) -> usize {
+        let (mut size, mut value, mut len) = (size, 0usize, std::mem::size_of::<usize>());
+        // SAFETY: the name is NUL-terminated; jemalloc reads a `usize` through the new pointer (the block size) and
+        // writes at most `len` bytes, a `usize`, through the old one.
+        #[allow(unsafe_code)]
+        let status = unsafe {
+            tikv_jemalloc_sys::mallctl(
+                c"thread.tcache.ncached_max.read_sizeclass".as_ptr(),
+                (&mut value as *mut usize).cast(),
+                &mut len,
+                (&mut size as *mut usize).cast(),
+                std::mem::size_of::<usize>(),
+            )
+        };
+        assert_eq!(status, 0, "ncached_max of {size}");
+        value
     }
 
     /// A purge after freeing a large block: jemalloc accepts the command, and the block's pages leave the process.
