@@ -42,25 +42,29 @@ fn command(name: &std::ffi::CStr, do_: &str) {
 
 #[cfg(test)]
 mod tests {
-    /// jemalloc's option NAME (a NUL-terminated control name) as a `T`.
-    fn option<T: Default>(name: &[u8]) -> T {
+    use std::ffi::CStr;
+
+    /// jemalloc's control `name` read as a `T`; `given` is written to it first, for a control that takes an
+    /// argument (a block size, say).
+    fn read<T: Default>(name: &CStr, given: Option<usize>) -> T {
         let mut value = T::default();
         let mut len = std::mem::size_of::<T>();
-        // SAFETY: NAME is NUL-terminated; jemalloc writes at most `len` bytes, the size of `value`, through the
-        // pointer, and reads nothing.
-        #[allow(unsafe_code)]
-        let status = unsafe {
-            tikv_jemalloc_sys::mallctl(
-                name.as_ptr().cast(),
-                (&mut value as *mut T).cast(),
-                &mut len,
-                std::ptr::null_mut(),
-                0,
-            )
+        let mut given = given;
+        let (new, new_len) = match given.as_mut() {
+            Some(given) => ((given as *mut usize).cast(), std::mem::size_of::<usize>()),
+            None => (std::ptr::null_mut(), 0),
         };
-        assert_eq!(status, 0, "{}", String::from_utf8_lossy(name));
+        // SAFETY: the name is NUL-terminated; jemalloc writes at most `len` bytes, the size of `value`, through the
+        // old pointer, and reads at most `new_len` bytes, a `usize` or nothing, through the new one.
+        #[allow(unsafe_code)]
+        let status =
+            unsafe { tikv_jemalloc_sys::mallctl(name.as_ptr(), (&mut value as *mut T).cast(), &mut len, new, new_len) };
+        assert_eq!(status, 0, "{name:?} {given:?}");
         value
     }
+
+    /// How many free blocks of the given size the calling thread's cache keeps at most.
+    const NCACHED_MAX: &CStr = c"thread.tcache.ncached_max.read_sizeclass";
 
     /// The thread caches are the small ones `.cargo/config.toml` compiles in, collected as often as it says (unless
     /// MALLOC_CONF overrides them).
@@ -69,31 +73,12 @@ mod tests {
         if std::env::var_os("MALLOC_CONF").is_some() {
             return;
         }
-        assert_eq!(option::<u32>(b"opt.tcache_nslots_small_max\0"), 16);
-        assert_eq!(option::<usize>(b"opt.tcache_max\0"), 8192);
-        assert_eq!(option::<usize>(b"opt.tcache_gc_incr_bytes\0"), 1 << 20);
-        assert_eq!(cached_at_most(8192), 2, "blocks above 4 KiB: two of each size");
-        assert_eq!(cached_at_most(4097), 2);
-        assert_eq!(cached_at_most(4096), 16, "smaller blocks as before");
-    }
-
-    /// How many free blocks of `size` bytes the calling thread's cache keeps at most.
-    fn cached_at_most(size: usize) -> usize {
-        let (mut size, mut value, mut len) = (size, 0usize, std::mem::size_of::<usize>());
-        // SAFETY: the name is NUL-terminated; jemalloc reads a `usize` through the new pointer (the block size) and
-        // writes at most `len` bytes, a `usize`, through the old one.
-        #[allow(unsafe_code)]
-        let status = unsafe {
-            tikv_jemalloc_sys::mallctl(
-                c"thread.tcache.ncached_max.read_sizeclass".as_ptr(),
-                (&mut value as *mut usize).cast(),
-                &mut len,
-                (&mut size as *mut usize).cast(),
-                std::mem::size_of::<usize>(),
-            )
-        };
-        assert_eq!(status, 0, "ncached_max of {size}");
-        value
+        assert_eq!(read::<u32>(c"opt.tcache_nslots_small_max", None), 16);
+        assert_eq!(read::<usize>(c"opt.tcache_max", None), 8192);
+        assert_eq!(read::<usize>(c"opt.tcache_gc_incr_bytes", None), 1 << 20);
+        assert_eq!(read::<usize>(NCACHED_MAX, Some(8192)), 2, "blocks above 4 KiB: two of each size");
+        assert_eq!(read::<usize>(NCACHED_MAX, Some(4097)), 2);
+        assert_eq!(read::<usize>(NCACHED_MAX, Some(4096)), 16, "smaller blocks as before");
     }
 
     /// A purge after freeing a large block: jemalloc accepts the command, and the block's pages leave the process.
