@@ -51,6 +51,12 @@ impl<'a> Elements<'a> {
         self.bytes.reserve(elements.saturating_mul(self.spec.datatype.size().unwrap_or(0)));
     }
 
+    /// Where a reader that checks each value itself (finite as FP32) appends FP32 elements, counting them into
+    /// [`Elements::count`]: `None` for a tensor of another type, or one with a cap.
+    pub fn fp32_bytes(&mut self) -> Option<&mut Vec<u8>> {
+        (self.spec.datatype == DataType::Fp32 && self.cap == usize::MAX).then_some(&mut self.bytes)
+    }
+
     #[inline]
     pub fn number<E: de::Error>(&mut self, n: Number) -> Result<(), E> {
         // FP32, the most common, inline: what the general path below stores for it, without its checks and calls

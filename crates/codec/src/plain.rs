@@ -73,11 +73,19 @@ impl Nested<'_> {
         // The most items the array may hold: its length where known, and the row limit for the outermost.
         let most = limit.unwrap_or(usize::MAX).min(if depth == 0 { self.limits.max_rows } else { usize::MAX });
         let n = if depth + 1 == self.spec.shape.len() {
-            let (elements, max_elements) = (&mut self.elements, self.limits.max_elements);
-            numbers(scan, most, |n| {
-                elements.number::<serde::de::value::Error>(n).ok()?;
-                (elements.count <= max_elements).then_some(())
-            })?
+            // Room for this many more: the row's length or the element limit, whichever is met first.
+            let room = most.min(self.limits.max_elements.saturating_sub(self.elements.count));
+            if let Some(out) = self.elements.fp32_bytes() {
+                let n = fp32_numbers(scan, room, out)?;
+                self.elements.count += n;
+                n
+            } else {
+                let (elements, max_elements) = (&mut self.elements, self.limits.max_elements);
+                numbers(scan, most, |n| {
+                    elements.number::<serde::de::value::Error>(n).ok()?;
+                    (elements.count <= max_elements).then_some(())
+                })?
+            }
         } else {
             let mut n = 0usize;
             loop {
@@ -123,6 +131,31 @@ fn numbers(scan: &mut Scan<'_>, most: usize, mut push: impl FnMut(Number) -> Opt
     }
 }
 
+/// The numbers of an innermost array of an FP32 tensor, its `[` read, each appended to `out` as the FP32 value
+/// serde's path stores for it: how many there were, its `]` read. `None` past `room` numbers, for one out of FP32's
+/// range, or where the serde decoder would read the array another way. [`numbers`] with the value's type known:
+/// no [`Number`] between the digits and the bytes, and one count for both limits.
+fn fp32_numbers(scan: &mut Scan<'_>, room: usize, out: &mut Vec<u8>) -> Option<usize> {
+    let (body, pow10) = (scan.body, pow10());
+    let mut at = scan.at;
+    let mut n = 0usize;
+    loop {
+        at = after_space(body, at);
+        let value = parts(body, &mut at)?.value(pow10)? as f32;
+        if !value.is_finite() || n == room {
+            return None;
+        }
+        n += 1;
+        out.extend_from_slice(&value.to_le_bytes());
+        let end;
+        (end, at) = separator(body, at)?;
+        if end {
+            scan.at = at;
+            return Some(n);
+        }
+    }
+}
+
 /// After an array's item, from `at`: whether it was the last (past the closing bracket) or another follows (past a
 /// comma), and where the next byte is.
 #[inline(always)]
@@ -153,53 +186,123 @@ fn digit(body: &[u8], at: usize) -> Option<u64> {
 }
 
 /// The most digits a significand takes without passing 64 bits, whatever they are.
-const SAFE_DIGITS: u32 = 19;
+const SAFE_DIGITS: usize = 19;
+
+/// A JSON number's parts as serde_json reads them: its significand (up to 64 bits), its power of ten, its sign,
+/// and whether it was written as a float (with a fraction or an exponent).
+#[derive(Clone, Copy)]
+struct Parts {
+    significand: u64,
+    exponent: i32,
+    negative: bool,
+    float: bool,
+}
+
+impl Parts {
+    /// The number as serde_json gives it to a visitor: an unsigned integer, a negative one, or a float. `None` where
+    /// serde_json would refuse it (a float out of f64's range).
+    #[inline(always)]
+    fn number(self, pow10: &[f64; 309]) -> Option<Number> {
+        let Parts { significand, negative, float, .. } = self;
+        if !float {
+            if !negative {
+                return Some(Number::U(significand));
+            }
+            // As serde_json: a float on `-0` and below i64's range.
+            let neg = (significand as i64).wrapping_neg();
+            return Some(if neg >= 0 { Number::F(-(significand as f64)) } else { Number::I(neg) });
+        }
+        self.float(pow10).map(Number::F)
+    }
+
+    /// The number's value as f64, as [`Parts::number`]'s would be: a negative integer converts to the f64 its
+    /// magnitude does, negated (rounding to nearest is symmetric), so one formula serves all three kinds.
+    #[inline(always)]
+    fn value(self, pow10: &[f64; 309]) -> Option<f64> {
+        if !self.float {
+            let v = self.significand as f64;
+            return Some(if self.negative { -v } else { v });
+        }
+        self.float(pow10)
+    }
+
+    /// serde_json's float from its parts (without its `float_roundtrip` feature): the significand times or over one
+    /// power of ten from its table.
+    #[inline(always)]
+    fn float(self, pow10: &[f64; 309]) -> Option<f64> {
+        let pow = *pow10.get(self.exponent.unsigned_abs() as usize)?;
+        let s = self.significand as f64;
+        let f = if self.exponent >= 0 { s * pow } else { s / pow };
+        if f.is_infinite() {
+            return None;
+        }
+        Some(if self.negative { -f } else { f })
+    }
+}
 
 /// A JSON number at `at`, as serde_json gives it to a visitor: an unsigned integer, a negative one, or a float.
 /// `None` where serde_json would read it another way: a significand past 64 bits among them.
 #[inline(always)]
 fn number(body: &[u8], at: &mut usize, pow10: &[f64; 309]) -> Option<Number> {
+    parts(body, at)?.number(pow10)
+}
+
+/// The parts of the JSON number at `at`, `at` moved past it. `None` where it is not one, or where serde_json would
+/// read it another way: a significand past 64 bits among them. Each byte is read once, into `b`; a number is never
+/// the body's last byte in the plain form (its `]` and `}` follow), so one that is gives `None`.
+#[inline(always)]
+fn parts(body: &[u8], at: &mut usize) -> Option<Parts> {
     let mut i = *at;
-    let negative = body.get(i) == Some(&b'-');
-    i += usize::from(negative);
+    let mut b = *body.get(i)?;
+    let negative = b == b'-';
+    if negative {
+        i += 1;
+        b = *body.get(i)?;
+    }
     let first = i;
     // Digits are summed without overflow checks, which up to SAFE_DIGITS of them cannot need.
-    let mut significand = digit(body, i)?;
+    let mut significand = u64::from(b.wrapping_sub(b'0'));
+    if significand >= 10 {
+        return None;
+    }
     i += 1;
-    let mut digits = 1u32;
+    b = *body.get(i)?;
     if significand == 0 {
         // One leading zero at most.
-        if digit(body, i).is_some() {
+        if b.is_ascii_digit() {
             return None;
         }
     } else {
-        while let Some(d) = digit(body, i) {
-            significand = significand.wrapping_mul(10).wrapping_add(d);
-            digits += 1;
+        while let d @ 0..=9 = b.wrapping_sub(b'0') {
+            significand = significand.wrapping_mul(10).wrapping_add(u64::from(d));
             i += 1;
+            b = *body.get(i)?;
         }
     }
+    let mut digits = i - first;
     let mut exponent = 0i32;
     let mut float = false;
-    if body.get(i) == Some(&b'.') {
+    if b == b'.' {
         i += 1;
+        b = *body.get(i)?;
         let start = i;
-        while let Some(d) = digit(body, i) {
-            significand = significand.wrapping_mul(10).wrapping_add(d);
+        while let d @ 0..=9 = b.wrapping_sub(b'0') {
+            significand = significand.wrapping_mul(10).wrapping_add(u64::from(d));
             i += 1;
+            b = *body.get(i)?;
         }
         let fraction = i - start;
         if fraction == 0 {
             return None;
         }
-        digits = digits.saturating_add(u32::try_from(fraction).unwrap_or(u32::MAX));
+        digits += fraction;
         exponent = i32::try_from(fraction).ok()?.checked_neg()?;
         float = true;
     }
     if digits > SAFE_DIGITS {
         significand = checked_significand(&body[first..i])?;
     }
-    if matches!(body.get(i), Some(b'e' | b'E')) {
+    if b | 0x20 == b'e' {
         i += 1;
         let sign = body.get(i).copied();
         let positive = sign != Some(b'-');
@@ -214,22 +317,7 @@ fn number(body: &[u8], at: &mut usize, pow10: &[f64; 309]) -> Option<Number> {
         float = true;
     }
     *at = i;
-    if !float {
-        if !negative {
-            return Some(Number::U(significand));
-        }
-        // As serde_json: a float on `-0` and below i64's range.
-        let neg = (significand as i64).wrapping_neg();
-        return Some(if neg >= 0 { Number::F(-(significand as f64)) } else { Number::I(neg) });
-    }
-    // serde_json's float from its parts (without its `float_roundtrip` feature): the significand times or over
-    // one power of ten from its table.
-    let pow = *pow10.get(exponent.unsigned_abs() as usize)?;
-    let f = if exponent >= 0 { significand as f64 * pow } else { significand as f64 / pow };
-    if f.is_infinite() {
-        return None;
-    }
-    Some(Number::F(if negative { -f } else { f }))
+    Some(Parts { significand, exponent, negative, float })
 }
 
 /// The significand of a number's digits (`.` skipped), or `None` where it passes 64 bits, as serde_json reads it.
