@@ -1,5 +1,5 @@
 //! The gate's pure parts: which RPCs are probes, and how `grpc-timeout` reads; and the drain's GOAWAY, spoken to
-//! frame by frame.
+//! frame by frame; and what an answer's headers hold.
 
 use std::time::Duration;
 
@@ -163,4 +163,42 @@ async fn frames_on_a_stream_past_the_drains_goaway_are_ignored() {
     assert!(trailers, "stream 1 was not served to its end");
     assert!(ending.iter().all(|f| f.stream != 3), "stream 3 was answered");
     tokio::time::timeout(Duration::from_secs(10), server).await.expect("the server ends").expect("task").expect("ok");
+}
+
+/// A gRPC answer's headers are its content type and request id: no `date`, which gRPC's clients do not read (and
+/// gRPC's own servers do not send); its trailers say OK.
+#[tokio::test]
+async fn grpc_answers_carry_no_date() {
+    use http_body_util::BodyExt;
+
+    let repository = tempfile::tempdir().expect("tempdir");
+    crate::testing::model_folder(repository.path(), "echo", "");
+    let state = crate::testing::loaded_state(repository.path(), &[]);
+    let drain = state.drain().clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let second = Duration::from_secs(1);
+    let settings = ConnectionSettings { max_connections: 4, header_read_timeout: second, idle_timeout: second };
+    tokio::spawn(serve(vec![listener.into()], app(state), settings, drain));
+
+    let socket = TcpStream::connect(address).await.expect("connect");
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(socket))
+            .await
+            .expect("an HTTP/2 connection");
+    tokio::spawn(connection);
+    let request = axum::http::Request::post(format!("http://{address}/inference.GRPCInferenceService/ServerLive"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(http_body_util::Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
+        .expect("a request");
+    let answer = sender.send_request(request).await.expect("an answer");
+    assert_eq!(answer.status(), 200);
+    let headers = answer.headers().clone();
+    assert_eq!(headers.get("content-type").map(|v| v.as_bytes()), Some(&b"application/grpc"[..]), "{headers:?}");
+    assert!(headers.contains_key("x-request-id"), "{headers:?}");
+    assert!(!headers.contains_key("date"), "{headers:?}");
+    let body = answer.into_body().collect().await.expect("the answer's body");
+    let status = body.trailers().and_then(|t| t.get("grpc-status")).map(|v| v.as_bytes().to_vec());
+    assert_eq!(status.as_deref(), Some(&b"0"[..]), "grpc-status");
 }
