@@ -20,9 +20,9 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
 
 /// The layers every request passes first, over HTTP and gRPC alike: its request id (screened, made where
 /// missing, echoed), its span, and a panic answered with `panicked`'s response; then `inner`, the caller's own (the
-/// body's limits and compression, the gRPC gate), and the routes. All of them wrap the routes as one layer: axum boxes
-/// a router's services again for each `Router::layer`, and each box is a clone of the service and a boxed future on
-/// every request (nine of them on a `/predict`).
+/// body's limits and compression), and the routes. All of them wrap the routes as one layer: axum boxes a router's
+/// services again for each `Router::layer`, and each box is a clone of the service and a boxed future on every
+/// request (nine of them on a `/predict`).
 pub fn outer_layers<S, L>(routes: Router<S>, inner: L, panicked: fn() -> Response) -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
@@ -30,22 +30,38 @@ where
     L::Service: Service<Request, Response = Response, Error = Infallible> + Clone + Send + Sync + 'static,
     <L::Service as Service<Request>>::Future: Send + 'static,
 {
+    routes.layer(tower::layer::layer_fn(move |route: Route| around(route, inner.clone(), panicked)))
+}
+
+/// [`outer_layers`]' layers around any `service`, `inner` innermost: the gRPC service has no router to wrap (see
+/// `grpc::Services`).
+pub fn around<S, L>(
+    service: S,
+    inner: L,
+    panicked: fn() -> Response,
+) -> impl Service<Request, Response = Response, Error = Infallible, Future: Send + 'static> + Clone + Send + Sync + 'static
+where
+    L: Layer<S>,
+    L::Service: Service<Request, Response = Response, Error = Infallible> + Clone + Send + Sync + 'static,
+    <L::Service as Service<Request>>::Future: Send + 'static,
+{
     let request_id = REQUEST_ID_HEADER;
-    routes.layer(
-        ServiceBuilder::new()
-            .layer(tower_http::catch_panic::CatchPanicLayer::custom(move |_| panicked()))
-            .layer(middleware::map_request(screen_request_id))
-            .layer(SetRequestIdLayer::new(request_id.clone(), RandomRequestId))
-            .layer(
-                TraceLayer::new_for_http()
-                    .make_span_with(request_span)
-                    .on_request(())
-                    .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG))
-                    .on_failure(()),
-            )
-            .layer(PropagateRequestIdLayer::new(request_id))
-            .layer(inner),
-    )
+    ServiceBuilder::new()
+        // The layers' own bodies (the span's, the panic's) as axum's, as a router's `layer` makes them.
+        .map_response(axum::response::IntoResponse::into_response)
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(move |_| panicked()))
+        .layer(middleware::map_request(screen_request_id))
+        .layer(SetRequestIdLayer::new(request_id.clone(), RandomRequestId))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(request_span)
+                .on_request(())
+                .on_response(DefaultOnResponse::new().level(tracing::Level::DEBUG))
+                .on_failure(()),
+        )
+        .layer(PropagateRequestIdLayer::new(request_id))
+        .layer(inner)
+        .service(service)
 }
 
 /// The longest request id a client may choose.

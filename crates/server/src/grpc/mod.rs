@@ -23,7 +23,6 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName};
 use axum::middleware::Next;
 use axum::response::Response;
-use axum::Router;
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -63,14 +62,79 @@ fn deadline_of<T>(request: &tonic::Request<T>) -> Option<Deadline> {
 }
 
 /// The gRPC app: both services behind the gate, within the HTTP app's request-id and span layers.
-pub fn app(state: AppState) -> Router {
+pub fn app(state: AppState) -> impl GrpcApp {
     let max_message = state.max_body_bytes();
     let inference = GrpcInferenceServiceServer::new(Inference { state: state.clone() })
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(usize::MAX);
-    let router = tonic::service::Routes::new(inference).add_service(health::service(state.clone())).into_axum_router();
+    let services = Services { inference, health: health::service(state.clone()) };
     let panicked = || Status::internal("the request handler panicked").into_http();
-    crate::layers::outer_layers(router, axum::middleware::from_fn_with_state(state, gate), panicked)
+    crate::layers::around(services, axum::middleware::from_fn_with_state(state, gate), panicked)
+}
+
+/// What [`app`] makes and [`serve`] serves: a request's answer, cloned for each request.
+pub trait GrpcApp:
+    tower::Service<Request, Response = Response, Error = Infallible, Future: Send + 'static> + Clone + Send + Sync + 'static
+{
+}
+
+impl<S> GrpcApp for S where
+    S: tower::Service<Request, Response = Response, Error = Infallible, Future: Send + 'static>
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// Both services, each RPC sent to the one its path names (`/{service}/{method}`) as tonic's `Routes` sends it, but
+/// without a router: `Routes` matched every call's path against a pattern per service and kept the method as a path
+/// parameter, and a router's layers box the service again and clone it for each call. Any other path is
+/// UNIMPLEMENTED, as there.
+#[derive(Clone)]
+struct Services {
+    inference: GrpcInferenceServiceServer<Inference>,
+    health: tonic_health::pb::health_server::HealthServer<health::Probe>,
+}
+
+/// The answer of either service, as both give it.
+type Answer = Result<axum::http::Response<tonic::body::Body>, Infallible>;
+
+impl tower::Service<Request> for Services {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = futures_util::future::Map<
+        std::pin::Pin<Box<dyn std::future::Future<Output = Answer> + Send>>,
+        fn(Answer) -> Result<Response, Infallible>,
+    >;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Infallible>> {
+        // Both are always ready (tonic's generated servers); each call polls its own readiness in `oneshot`.
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        use futures_util::FutureExt;
+        use tonic::server::NamedService;
+
+        fn named<S: NamedService>(path: &str) -> bool {
+            path.strip_prefix('/').and_then(|p| p.strip_prefix(S::NAME)).is_some_and(|p| p.starts_with('/'))
+        }
+        let path = request.uri().path();
+        let (inference, health) = (
+            named::<GrpcInferenceServiceServer<Inference>>(path),
+            named::<tonic_health::pb::health_server::HealthServer<health::Probe>>(path),
+        );
+        let request = request.map(tonic::body::Body::new);
+        let answer: std::pin::Pin<Box<dyn std::future::Future<Output = Answer> + Send>> = if inference {
+            tower::Service::call(&mut self.inference, request)
+        } else if health {
+            tower::Service::call(&mut self.health, request)
+        } else {
+            Box::pin(std::future::ready(Ok(Status::unimplemented("").into_http())))
+        };
+        answer.map(|answer| answer.map(|response| response.map(Body::new)))
+    }
 }
 
 /// The paths of the RPCs the gate treats apart.
@@ -216,7 +280,7 @@ fn grpc_timeout(headers: &HeaderMap) -> Result<Option<Duration>, String> {
 /// connection.
 pub async fn serve(
     listeners: Vec<Listener>,
-    app: Router,
+    app: impl GrpcApp,
     settings: ConnectionSettings,
     drain: Arc<Drain>,
 ) -> std::io::Result<()> {
@@ -233,8 +297,8 @@ pub async fn serve(
 }
 
 /// The gRPC listener's connections.
-struct Connections {
-    app: Router,
+struct Connections<A> {
+    app: A,
     graceful: GracefulShutdown,
     /// One permit per connection.
     slots: Arc<Semaphore>,
@@ -244,7 +308,7 @@ struct Connections {
     first_bytes: Duration,
 }
 
-impl Connections {
+impl<A: GrpcApp> Connections<A> {
     fn take(&mut self, stream: Stream) {
         while self.tasks.try_join_next().is_some() {}
         // Past --max-connections the connection is closed at once: the client retries elsewhere.

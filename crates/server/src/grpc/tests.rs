@@ -1,5 +1,5 @@
 //! The gate's pure parts: which RPCs are probes, and how `grpc-timeout` reads; and the drain's GOAWAY, spoken to
-//! frame by frame; and what an answer's headers hold.
+//! frame by frame; and which service an RPC reaches, and what its answer's headers hold.
 
 use std::time::Duration;
 
@@ -165,12 +165,33 @@ async fn frames_on_a_stream_past_the_drains_goaway_are_ignored() {
     tokio::time::timeout(Duration::from_secs(10), server).await.expect("the server ends").expect("task").expect("ok");
 }
 
-/// A gRPC answer's headers are its content type and request id: no `date`, which gRPC's clients do not read (and
-/// gRPC's own servers do not send); its trailers say OK.
-#[tokio::test]
-async fn grpc_answers_carry_no_date() {
+/// An empty unary call to `path` over `sender`: the answer's status, headers and `grpc-status` trailer.
+async fn call_empty(
+    sender: &mut hyper::client::conn::http2::SendRequest<http_body_util::Full<Bytes>>,
+    address: std::net::SocketAddr,
+    path: &str,
+) -> (u16, HeaderMap, Option<String>) {
     use http_body_util::BodyExt;
 
+    let request = axum::http::Request::post(format!("http://{address}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(http_body_util::Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
+        .expect("a request");
+    let answer = sender.send_request(request).await.expect("an answer");
+    let (status, headers) = (answer.status().as_u16(), answer.headers().clone());
+    let body = answer.into_body().collect().await.expect("the answer's body");
+    // A refusal made before the body carries its status in its headers (a trailers-only answer).
+    let trailer = body.trailers().and_then(|t| t.get("grpc-status")).or(headers.get("grpc-status"));
+    let code = trailer.map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    (status, headers, code)
+}
+
+/// A gRPC answer's headers are its content type and request id: no `date`, which gRPC's clients do not read (and
+/// gRPC's own servers do not send). Each RPC reaches the service its path names, and a path that names no service
+/// or method of theirs is UNIMPLEMENTED (12).
+#[tokio::test]
+async fn rpcs_reach_their_service_and_answers_carry_no_date() {
     let repository = tempfile::tempdir().expect("tempdir");
     crate::testing::model_folder(repository.path(), "echo", "");
     let state = crate::testing::loaded_state(repository.path(), &[]);
@@ -187,18 +208,23 @@ async fn grpc_answers_carry_no_date() {
             .await
             .expect("an HTTP/2 connection");
     tokio::spawn(connection);
-    let request = axum::http::Request::post(format!("http://{address}/inference.GRPCInferenceService/ServerLive"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(http_body_util::Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
-        .expect("a request");
-    let answer = sender.send_request(request).await.expect("an answer");
-    assert_eq!(answer.status(), 200);
-    let headers = answer.headers().clone();
+    let (status, headers, code) = call_empty(&mut sender, address, "/inference.GRPCInferenceService/ServerLive").await;
+    assert_eq!(status, 200);
     assert_eq!(headers.get("content-type").map(|v| v.as_bytes()), Some(&b"application/grpc"[..]), "{headers:?}");
     assert!(headers.contains_key("x-request-id"), "{headers:?}");
     assert!(!headers.contains_key("date"), "{headers:?}");
-    let body = answer.into_body().collect().await.expect("the answer's body");
-    let status = body.trailers().and_then(|t| t.get("grpc-status")).map(|v| v.as_bytes().to_vec());
-    assert_eq!(status.as_deref(), Some(&b"0"[..]), "grpc-status");
+    assert_eq!(code.as_deref(), Some("0"), "ServerLive");
+    // The health service's Check, for the whole server (an empty request names no service).
+    let (_, _, code) = call_empty(&mut sender, address, "/grpc.health.v1.Health/Check").await;
+    assert_eq!(code.as_deref(), Some("0"), "Health/Check");
+    for path in [
+        "/inference.GRPCInferenceService/NoSuchMethod",
+        "/grpc.health.v1.Health/NoSuchMethod",
+        "/no.such.Service/ServerLive",
+        "/inference.GRPCInferenceServiceX/ServerLive",
+        "/inference.GRPCInferenceService",
+    ] {
+        let (status, _, code) = call_empty(&mut sender, address, path).await;
+        assert_eq!((status, code.as_deref()), (200, Some("12")), "{path}");
+    }
 }
