@@ -1,6 +1,6 @@
 //! The layers every request passes first, over HTTP and gRPC alike: its request id (screened, made where missing,
-//! echoed), its span, and a panic answered in the front end's own words. The HTTP app and the gRPC service both wrap
-//! their routes in [`outer_layers`].
+//! echoed), its span, and a panic answered in the front end's own words: [`around`] any service. The HTTP app wraps
+//! its routes in them ([`outer_layers`]), the gRPC app its services.
 
 use std::convert::Infallible;
 

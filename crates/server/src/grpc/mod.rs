@@ -97,19 +97,17 @@ struct Services {
     health: tonic_health::pb::health_server::HealthServer<health::Probe>,
 }
 
-/// The answer of either service, as both give it.
+/// The answer of either service, as both give it, and its future.
 type Answer = Result<axum::http::Response<tonic::body::Body>, Infallible>;
+type Answering = std::pin::Pin<Box<dyn std::future::Future<Output = Answer> + Send>>;
 
 impl tower::Service<Request> for Services {
     type Response = Response;
     type Error = Infallible;
-    type Future = futures_util::future::Map<
-        std::pin::Pin<Box<dyn std::future::Future<Output = Answer> + Send>>,
-        fn(Answer) -> Result<Response, Infallible>,
-    >;
+    type Future = futures_util::future::Map<Answering, fn(Answer) -> Result<Response, Infallible>>;
 
     fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Infallible>> {
-        // Both are always ready (tonic's generated servers); each call polls its own readiness in `oneshot`.
+        // Both are always ready (a tonic-generated server's `poll_ready` is), so a call goes straight to either.
         std::task::Poll::Ready(Ok(()))
     }
 
@@ -126,7 +124,7 @@ impl tower::Service<Request> for Services {
             named::<tonic_health::pb::health_server::HealthServer<health::Probe>>(path),
         );
         let request = request.map(tonic::body::Body::new);
-        let answer: std::pin::Pin<Box<dyn std::future::Future<Output = Answer> + Send>> = if inference {
+        let answer: Answering = if inference {
             tower::Service::call(&mut self.inference, request)
         } else if health {
             tower::Service::call(&mut self.health, request)
