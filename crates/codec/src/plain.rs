@@ -73,9 +73,10 @@ impl Nested<'_> {
         // The most items the array may hold: its length where known, and the row limit for the outermost.
         let most = limit.unwrap_or(usize::MAX).min(if depth == 0 { self.limits.max_rows } else { usize::MAX });
         let n = if depth + 1 == self.spec.shape.len() {
-            // Room for this many more: the row's length or the element limit, whichever is met first.
-            let room = most.min(self.limits.max_elements.saturating_sub(self.elements.count));
+            let count = self.elements.count;
             if let Some(out) = self.elements.fp32_bytes() {
+                // Room for this many more: the row's length or the element limit, whichever is met first.
+                let room = most.min(self.limits.max_elements.saturating_sub(count));
                 let n = fp32_numbers(scan, room, out)?;
                 self.elements.count += n;
                 n

@@ -24,8 +24,11 @@ pub struct Probe {
     state: AppState,
 }
 
+/// The health service as the gRPC app serves it.
+pub type Server = HealthServer<Probe>;
+
 /// The health service, ready to route.
-pub fn service(state: AppState) -> HealthServer<Probe> {
+pub fn service(state: AppState) -> Server {
     HealthServer::new(Probe { state })
 }
 

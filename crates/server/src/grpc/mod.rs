@@ -94,7 +94,7 @@ impl<S> GrpcApp for S where
 #[derive(Clone)]
 struct Services {
     inference: GrpcInferenceServiceServer<Inference>,
-    health: tonic_health::pb::health_server::HealthServer<health::Probe>,
+    health: health::Server,
 }
 
 /// The answer of either service, as both give it, and its future.
@@ -119,10 +119,8 @@ impl tower::Service<Request> for Services {
             path.strip_prefix('/').and_then(|p| p.strip_prefix(S::NAME)).is_some_and(|p| p.starts_with('/'))
         }
         let path = request.uri().path();
-        let (inference, health) = (
-            named::<GrpcInferenceServiceServer<Inference>>(path),
-            named::<tonic_health::pb::health_server::HealthServer<health::Probe>>(path),
-        );
+        let inference = named::<GrpcInferenceServiceServer<Inference>>(path);
+        let health = !inference && named::<health::Server>(path);
         let request = request.map(tonic::body::Body::new);
         let answer: Answering = if inference {
             tower::Service::call(&mut self.inference, request)

@@ -101,12 +101,16 @@ fn open_stream(stream: u32) -> Vec<u8> {
     frame(HEADERS, 0x4, stream, &block)
 }
 
-/// A client that had a stream's HEADERS and a WINDOW_UPDATE for it queued behind its answer to the drain's PING
-/// sends them after the GOAWAY that ends at the stream before: both are ignored, and the stream before is served
-/// to its end, where h2 took the window update for a frame on an idle stream and ended the connection with
-/// PROTOCOL_ERROR, every stream on it with it (vendor/README.md).
-#[tokio::test]
-async fn frames_on_a_stream_past_the_drains_goaway_are_ignored() {
+/// The gRPC listener on a loopback port, serving a repository of the echo model, in a task of its own.
+struct Served {
+    address: std::net::SocketAddr,
+    drain: Arc<Drain>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// The repository's folder, removed when the test ends.
+    _repository: tempfile::TempDir,
+}
+
+async fn serve_echo() -> Served {
     let repository = tempfile::tempdir().expect("tempdir");
     crate::testing::model_folder(repository.path(), "echo", "");
     let state = crate::testing::loaded_state(repository.path(), &[]);
@@ -116,6 +120,16 @@ async fn frames_on_a_stream_past_the_drains_goaway_are_ignored() {
     let second = Duration::from_secs(1);
     let settings = ConnectionSettings { max_connections: 4, header_read_timeout: second, idle_timeout: second };
     let server = tokio::spawn(serve(vec![listener.into()], app(state), settings, drain.clone()));
+    Served { address, drain, server, _repository: repository }
+}
+
+/// A client that had a stream's HEADERS and a WINDOW_UPDATE for it queued behind its answer to the drain's PING
+/// sends them after the GOAWAY that ends at the stream before: both are ignored, and the stream before is served
+/// to its end, where h2 took the window update for a frame on an idle stream and ended the connection with
+/// PROTOCOL_ERROR, every stream on it with it (vendor/README.md).
+#[tokio::test]
+async fn frames_on_a_stream_past_the_drains_goaway_are_ignored() {
+    let Served { address, drain, server, _repository } = serve_echo().await;
 
     let mut socket = TcpStream::connect(address).await.expect("connect");
     let hello = [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".as_slice(), &frame(4, 0, 0, &[])].concat();
@@ -192,15 +206,7 @@ async fn call_empty(
 /// or method of theirs is UNIMPLEMENTED (12).
 #[tokio::test]
 async fn rpcs_reach_their_service_and_answers_carry_no_date() {
-    let repository = tempfile::tempdir().expect("tempdir");
-    crate::testing::model_folder(repository.path(), "echo", "");
-    let state = crate::testing::loaded_state(repository.path(), &[]);
-    let drain = state.drain().clone();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let address = listener.local_addr().expect("address");
-    let second = Duration::from_secs(1);
-    let settings = ConnectionSettings { max_connections: 4, header_read_timeout: second, idle_timeout: second };
-    tokio::spawn(serve(vec![listener.into()], app(state), settings, drain));
+    let Served { address, .. } = serve_echo().await;
 
     let socket = TcpStream::connect(address).await.expect("connect");
     let (mut sender, connection) =
