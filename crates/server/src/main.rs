@@ -10,7 +10,12 @@ fn main() -> anyhow::Result<()> {
         inferd_models::budget::set_cublas_workspace(config.cublas_workspace_mib);
         inferd_candle::fix_cpu_threads();
     }
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(cli))
+    // A runtime thread about to sleep may first poll for the next request (`--poll-idle-us`).
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_park(inferd_server::idle::before_park)
+        .build()?
+        .block_on(run(cli))
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

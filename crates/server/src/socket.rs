@@ -31,8 +31,14 @@ impl From<TcpListener> for Listener {
 impl Listener {
     pub async fn accept(&self) -> io::Result<Stream> {
         match self {
-            Listener::Tcp(l) => l.accept().await.map(|(s, _)| Stream::Tcp(s)),
-            Listener::Unix(u) => u.listener.accept().await.map(|(s, _)| Stream::Unix(s)),
+            Listener::Tcp(l) => l.accept().await.map(|(s, _)| {
+                crate::idle::watch(&s);
+                Stream::Tcp(s)
+            }),
+            Listener::Unix(u) => u.listener.accept().await.map(|(s, _)| {
+                crate::idle::watch(&s);
+                Stream::Unix(s)
+            }),
         }
     }
 

@@ -242,7 +242,10 @@ pub async fn infer(
     request.span = tracing::Span::current();
     let per_token = request.pieces == Pieces::Apart;
     let tower = prepared.tower;
+    // While it is in the batcher, no idle runtime thread polls for the next request (see `idle`).
+    let busy = crate::idle::busy();
     let out = model.batcher_for(tower).infer(request).await?;
+    drop(busy);
     let finish = prepared.finish;
     let engine = model.clone();
     let answer = off_runtime_answering(encodes_large(&out.outputs), move || {
