@@ -41,7 +41,8 @@ if [ -z "$INFERD" ]; then
     INFERD=target/release/inferd
 fi
 profile=$OUT/$NAME.out
-valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$profile" \
+# The requests' instructions alone: an idle runtime thread's polling between them (--poll-idle-us) is off.
+INFERD_POLL_IDLE_US=0 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$profile" \
     "$INFERD" serve --host 127.0.0.1 --port "$PORT" --grpc-port "$GRPC" --log "$LOG" --models models/digits \
     2>"$OUT/$NAME.log" &
 SERVER=$!

@@ -140,10 +140,10 @@ pub struct ServeConfig {
     #[arg(long, env = "INFERD_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,
 
-    /// Microseconds a runtime thread that has run out of work polls the connections before it sleeps, while no
-    /// request is in flight: the next request then finds its core awake, with warm caches, rather than waiting for
-    /// a halted one to wake (worth tens of microseconds a request on a virtual machine). The CPU it takes is what
-    /// idle cores would not use; under load a request is always in flight and nothing polls. 0 turns it off.
+    /// Microseconds a runtime thread that has run out of work polls the connections before it sleeps, while
+    /// requests come one at a time: the next request then finds its core awake rather than waking one gone cold
+    /// (worth tens of microseconds a request on a virtual machine). Nothing polls while a request is in flight,
+    /// nor for 20 ms after two were in flight at once, so under load the cores stay with the work. 0 turns it off.
     #[arg(long, env = "INFERD_POLL_IDLE_US", default_value_t = 100, value_name = "MICROSECONDS")]
     pub poll_idle_us: u64,
 
