@@ -262,6 +262,8 @@ pub async fn serve(
 /// but nobody accepted yet (closing a listener would reset them); then closes the listeners. HTTP's and gRPC's
 /// alike.
 pub async fn accept_until(listeners: Vec<Listener>, closing: impl Future<Output = ()>, mut take: impl FnMut(Stream)) {
+    // A new connection ends an idle thread's poll, as a request does (see `idle`).
+    listeners.iter().for_each(crate::idle::watch);
     let mut closing = pin!(closing);
     loop {
         tokio::select! {

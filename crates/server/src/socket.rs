@@ -51,6 +51,15 @@ impl Listener {
     }
 }
 
+impl std::os::fd::AsFd for Listener {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Listener::Tcp(l) => l.as_fd(),
+            Listener::Unix(u) => u.listener.as_fd(),
+        }
+    }
+}
+
 /// A Unix domain socket listening at its path; the file goes when it drops (unless another has replaced it).
 pub struct UnixSocket {
     listener: UnixListener,
