@@ -140,13 +140,13 @@ pub struct ServeConfig {
     #[arg(long, env = "INFERD_MAX_CONNECTIONS", default_value_t = 1024)]
     pub max_connections: usize,
 
-    /// Microseconds after an answer that a runtime thread with nothing to do polls the listeners and connections
-    /// before it sleeps, while requests come one at a time: the next request then finds its core awake rather
-    /// than waking one gone cold (on this project's test VMs, tens of microseconds a request). Nothing polls while
-    /// a request is in a batcher, nor for 20 ms after two were there at once, so under load the cores stay with the
-    /// work. 0 turns it off; at most 10,000.
+    /// Microseconds after a request's work ends that a runtime thread with nothing to do polls the listeners and
+    /// connections before it sleeps, while requests come one at a time: the next request then finds its core awake
+    /// rather than waking one gone cold (on this project's test VMs, tens of microseconds a request). Nothing polls
+    /// while a request's work is under way (in a batcher or on the blocking pool), nor for 20 ms after two
+    /// requests' work overlapped, so under load the cores stay with the work. 0 turns it off; at most 10,000.
     #[arg(long, env = "INFERD_POLL_IDLE_US", default_value_t = 100, value_name = "MICROSECONDS",
-          value_parser = clap::value_parser!(u64).range(0..=10_000))]
+          value_parser = clap::value_parser!(u64).range(0..=crate::idle::MAX_POLL_US))]
     pub poll_idle_us: u64,
 
     /// Seconds a connection has to send a complete request head: from its opening, or from the first byte of a
@@ -452,6 +452,15 @@ mod tests {
         // Azure ML sets its variable only when it mounts a model: that wins over an image's MODEL_PATH.
         let c = ServeConfig::from_args(["--model-path", "/models", "--azureml-model-dir", "c"]).expect("parses");
         assert_eq!(c.repository(), PathBuf::from("c"));
+    }
+
+    #[test]
+    fn the_idle_poll_is_bounded() {
+        assert_eq!(ServeConfig::from_args(Vec::<String>::new()).expect("parses").poll_idle_us, 100);
+        assert_eq!(ServeConfig::from_args(["--poll-idle-us", "0"]).expect("parses").poll_idle_us, 0);
+        assert_eq!(ServeConfig::from_args(["--poll-idle-us", "10000"]).expect("parses").poll_idle_us, 10_000);
+        assert!(ServeConfig::from_args(["--poll-idle-us", "10001"]).is_err());
+        assert!(ServeConfig::from_args(["--poll-idle-us", "-1"]).is_err());
     }
 
     #[test]

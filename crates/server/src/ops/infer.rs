@@ -123,10 +123,13 @@ pub async fn decode_unread<T: Send + 'static>(
 ) -> Result<T, AppError> {
     let mut metered = hold.meter(body, max_body_bytes);
     let decoder = model.clone();
+    // Work on the blocking pool: no idle runtime thread polls meanwhile (see `idle`).
+    let busy = crate::idle::busy();
     let (decoded, mut metered) =
         tokio::task::spawn_blocking(move || (decode(&mut metered, decoder.metadata()), metered))
             .await
             .map_err(|e| AppError::internal(format!("decoding the request body: {e}")))?;
+    drop(busy);
     match decoded {
         Ok(t) => Ok(t),
         Err(e) => {
@@ -242,7 +245,7 @@ pub async fn infer(
     request.span = tracing::Span::current();
     let per_token = request.pieces == Pieces::Apart;
     let tower = prepared.tower;
-    // While it is in the batcher, no idle runtime thread polls for the next request (see `idle`).
+    // While it is in the batcher, no idle runtime thread polls (see `idle`).
     let busy = crate::idle::busy();
     let out = model.batcher_for(tower).infer(request).await?;
     drop(busy);
@@ -401,6 +404,8 @@ async fn off_runtime<T: Send + 'static>(
         ),
         None => None,
     };
+    // No idle runtime thread polls while the work runs (see `idle`).
+    let _busy = crate::idle::busy();
     tokio::task::spawn_blocking(move || {
         let done = work();
         drop(turn);
