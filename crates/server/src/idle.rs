@@ -13,9 +13,9 @@
 //! tasks another worker queues for itself, wait for the poll to end (at most [`MAX_POLL_US`]).
 //!
 //! The sockets are watched through an epoll set of this module's own, level-triggered ([`watch`] on each listener
-//! and accepted connection; a closed one leaves it by itself). The runtime's hook is [`before_park`]; the server
-//! turns it on with [`enable`]. Where it is off (the runtimes of tests, `--poll-idle-us 0`) the hook returns at
-//! once.
+//! and accepted connection; a closed one leaves it by itself). The runtime's hook is [`before_park`]; the `inferd`
+//! binary installs it and turns polling on with [`enable`]. Where it is off (the runtimes of tests and embedders,
+//! `--poll-idle-us 0`) the hook returns at once and nothing is watched.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -113,9 +113,6 @@ impl Server {
     ) -> anyhow::Result<()> {
         let config = self.config;
         let open_files = connections::raise_open_files_limit();
-        if let Err(e) = idle::enable(Duration::from_micros(config.poll_idle_us)) {
-            tracing::warn!(error = %e, "cannot watch connections for --poll-idle-us: runtime threads sleep when idle");
-        }
         let listeners = if self.grpc_listeners.is_empty() { 1 } else { 2 };
         let connection_settings = connections::ConnectionSettings::new(&config, open_files, listeners);
         let (location, remote) = poll::open(&config).await?;

@@ -22,6 +22,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(config) => {
             inferd_server::logging::init(&config.log, config.log_format);
+            // The connections are watched only where the runtime's hook polls them (see `main`).
+            let poll_for = std::time::Duration::from_micros(config.poll_idle_us);
+            if let Err(e) = inferd_server::idle::enable(poll_for) {
+                tracing::warn!(error = %e, "cannot watch connections for --poll-idle-us: runtime threads sleep when idle");
+            }
             inferd_server::run(config, shutdown_signal()).await
         }
         Command::Healthcheck(config) => {

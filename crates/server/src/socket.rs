@@ -30,16 +30,12 @@ impl From<TcpListener> for Listener {
 
 impl Listener {
     pub async fn accept(&self) -> io::Result<Stream> {
-        match self {
-            Listener::Tcp(l) => l.accept().await.map(|(s, _)| {
-                crate::idle::watch(&s);
-                Stream::Tcp(s)
-            }),
-            Listener::Unix(u) => u.listener.accept().await.map(|(s, _)| {
-                crate::idle::watch(&s);
-                Stream::Unix(s)
-            }),
-        }
+        let stream = match self {
+            Listener::Tcp(l) => Stream::Tcp(l.accept().await?.0),
+            Listener::Unix(u) => Stream::Unix(u.listener.accept().await?.0),
+        };
+        crate::idle::watch(&stream);
+        Ok(stream)
     }
 
     /// Where it listens, for the log: an address, or `unix:` and the socket's path.
@@ -107,6 +103,15 @@ impl Drop for UnixSocket {
 pub enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+}
+
+impl std::os::fd::AsFd for Stream {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Stream::Tcp(s) => s.as_fd(),
+            Stream::Unix(s) => s.as_fd(),
+        }
+    }
 }
 
 impl Stream {
