@@ -13,6 +13,7 @@ mod extensions;
 mod health;
 mod messages;
 mod service;
+mod unary;
 
 use std::convert::Infallible;
 use std::sync::{Arc, OnceLock};
@@ -67,7 +68,7 @@ pub fn app(state: AppState) -> impl GrpcApp {
     let inference = GrpcInferenceServiceServer::new(Inference { state: state.clone() })
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(usize::MAX);
-    let services = Services { inference, health: health::service(state.clone()) };
+    let services = Services { inference, health: health::service(state.clone()), state: state.clone(), max_message };
     let panicked = || Status::internal("the request handler panicked").into_http();
     crate::layers::around(services, axum::middleware::from_fn_with_state(state, gate), panicked)
 }
@@ -90,11 +91,14 @@ impl<S> GrpcApp for S where
 /// Both services, each RPC sent to the one its path names (`/{service}/{method}`) as tonic's `Routes` sends it, but
 /// without a router: `Routes` matched every call's path against a pattern per service and kept the method as a path
 /// parameter, and a router's layers box the service again and clone it for each call. Any other path is
-/// UNIMPLEMENTED, as there.
+/// UNIMPLEMENTED, as there. `ModelInfer` is read and answered in [`unary`], past tonic's generic unary call.
 #[derive(Clone)]
 struct Services {
     inference: GrpcInferenceServiceServer<Inference>,
     health: health::Server,
+    state: AppState,
+    /// The largest message read: `--max-body-bytes`, as tonic's path has it.
+    max_message: usize,
 }
 
 /// The answer of either service, as both give it, and its future.
@@ -104,7 +108,10 @@ type Answering = std::pin::Pin<Box<dyn std::future::Future<Output = Answer> + Se
 impl tower::Service<Request> for Services {
     type Response = Response;
     type Error = Infallible;
-    type Future = futures_util::future::Map<Answering, fn(Answer) -> Result<Response, Infallible>>;
+    type Future = futures_util::future::Either<
+        futures_util::future::Map<Answering, fn(Answer) -> Result<Response, Infallible>>,
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, Infallible>> + Send>>,
+    >;
 
     fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Infallible>> {
         // Both are always ready (a tonic-generated server's `poll_ready` is), so a call goes straight to either.
@@ -119,6 +126,13 @@ impl tower::Service<Request> for Services {
             path.strip_prefix('/').and_then(|p| p.strip_prefix(S::NAME)).is_some_and(|p| p.starts_with('/'))
         }
         let path = request.uri().path();
+        if path == UNARY_INFER && unary::read_here(request.headers()) {
+            return futures_util::future::Either::Right(Box::pin(unary::model_infer(
+                self.state.clone(),
+                self.max_message,
+                request,
+            )));
+        }
         let inference = named::<GrpcInferenceServiceServer<Inference>>(path);
         let health = !inference && named::<health::Server>(path);
         let request = request.map(tonic::body::Body::new);
@@ -129,7 +143,7 @@ impl tower::Service<Request> for Services {
         } else {
             Box::pin(std::future::ready(Ok(Status::unimplemented("").into_http())))
         };
-        answer.map(|answer| answer.map(|response| response.map(Body::new)))
+        futures_util::future::Either::Left(answer.map(|answer| answer.map(|response| response.map(Body::new))))
     }
 }
 

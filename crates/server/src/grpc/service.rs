@@ -234,7 +234,7 @@ impl GrpcInferenceService for Inference {
 
 /// One inference request, counted in the metrics under `protocol="grpc"` with the status the one error table
 /// gives its outcome.
-async fn infer_counted(
+pub(super) async fn infer_counted(
     state: &AppState,
     request: ModelInferRequest,
     deadline: Option<Deadline>,

@@ -179,6 +179,21 @@ async fn frames_on_a_stream_past_the_drains_goaway_are_ignored() {
     tokio::time::timeout(Duration::from_secs(10), server).await.expect("the server ends").expect("task").expect("ok");
 }
 
+/// An HTTP/2 connection to `address`, driven in a task of its own: what sends its requests.
+async fn connect<B>(address: std::net::SocketAddr) -> hyper::client::conn::http2::SendRequest<B>
+where
+    B: hyper::body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let socket = TcpStream::connect(address).await.expect("connect");
+    let (sender, connection) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(socket))
+            .await
+            .expect("an HTTP/2 connection");
+    tokio::spawn(connection);
+    sender
+}
+
 /// An empty unary call to `path` over `sender`: the answer's status, headers and `grpc-status` trailer.
 async fn call_empty(
     sender: &mut hyper::client::conn::http2::SendRequest<http_body_util::Full<Bytes>>,
@@ -208,12 +223,7 @@ async fn call_empty(
 async fn rpcs_reach_their_service_and_answers_carry_no_date() {
     let Served { address, .. } = serve_echo().await;
 
-    let socket = TcpStream::connect(address).await.expect("connect");
-    let (mut sender, connection) =
-        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(socket))
-            .await
-            .expect("an HTTP/2 connection");
-    tokio::spawn(connection);
+    let mut sender = connect(address).await;
     let (status, headers, code) = call_empty(&mut sender, address, "/inference.GRPCInferenceService/ServerLive").await;
     assert_eq!(status, 200);
     assert_eq!(headers.get("content-type").map(|v| v.as_bytes()), Some(&b"application/grpc"[..]), "{headers:?}");
@@ -233,4 +243,100 @@ async fn rpcs_reach_their_service_and_answers_carry_no_date() {
         let (status, _, code) = call_empty(&mut sender, address, path).await;
         assert_eq!((status, code.as_deref()), (200, Some("12")), "{path}");
     }
+}
+
+type Chunks = http_body_util::StreamBody<
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<hyper::body::Frame<Bytes>, Infallible>> + Send>>,
+>;
+
+/// A unary call to `ModelInfer` over `sender`, its body `chunks` (each a data frame; left open when `open`), with
+/// `headers` besides gRPC's own: the answer's headers, its body's bytes, and its `grpc-status` (in its trailers, or
+/// in its headers for a trailers-only answer).
+async fn call_infer(
+    sender: &mut hyper::client::conn::http2::SendRequest<Chunks>,
+    headers: &[(&str, &str)],
+    chunks: Vec<Bytes>,
+    open: bool,
+) -> (HeaderMap, Bytes, Option<String>) {
+    use futures_util::StreamExt;
+    use http_body_util::BodyExt;
+
+    let frames = futures_util::stream::iter(chunks).map(|c| Ok(hyper::body::Frame::data(c)));
+    let frames: std::pin::Pin<Box<dyn futures_util::Stream<Item = _> + Send>> =
+        if open { Box::pin(frames.chain(futures_util::stream::pending())) } else { Box::pin(frames) };
+    let mut request = axum::http::Request::post("http://localhost/inference.GRPCInferenceService/ModelInfer")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request.body(http_body_util::StreamBody::new(frames)).expect("a request");
+    let answer = sender.send_request(request).await.expect("an answer");
+    let headers = answer.headers().clone();
+    let body = answer.into_body().collect().await.expect("the answer's body");
+    let trailer = body.trailers().and_then(|t| t.get("grpc-status")).or(headers.get("grpc-status"));
+    let code = trailer.map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    (headers, body.to_bytes(), code)
+}
+
+/// `ModelInfer` is read and answered past tonic's unary call (`unary`), over a real HTTP/2 connection: a message
+/// whole or in pieces gets the echo model's answer, and each refusal is the status tonic's path gives it (a
+/// compressed call still goes there, and is UNIMPLEMENTED); one past the limit is answered while its body is open.
+#[tokio::test]
+async fn model_infer_answers_whole_or_in_pieces_and_refuses_as_tonic_does() {
+    use prost::Message;
+
+    use crate::codec::grpc::proto::model_infer_request::InferInputTensor;
+    use crate::codec::grpc::proto::{ModelInferRequest, ModelInferResponse};
+
+    let Served { address, .. } = serve_echo().await;
+    let mut sender = connect(address).await;
+
+    let row: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let input = InferInputTensor { name: "x".into(), datatype: "FP32".into(), shape: vec![1, 2], ..Default::default() };
+    let message = ModelInferRequest {
+        model_name: "echo".into(),
+        id: "call-1".into(),
+        inputs: vec![input],
+        raw_input_contents: vec![Bytes::from(row.clone())],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let length = u32::try_from(message.len()).expect("small").to_be_bytes();
+    let whole = Bytes::from([&[0u8][..], &length, &message].concat());
+
+    for chunks in [vec![whole.clone()], vec![whole.slice(..3), whole.slice(3..9), whole.slice(9..)]] {
+        let pieces = chunks.len();
+        let (headers, body, code) = call_infer(&mut sender, &[], chunks, false).await;
+        assert_eq!(code.as_deref(), Some("0"), "{pieces} pieces: {headers:?}");
+        assert_eq!(headers.get("content-type").map(|v| v.as_bytes()), Some(&b"application/grpc"[..]));
+        assert!(headers.contains_key("x-request-id"), "{headers:?}");
+        assert_eq!(u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize, body.len() - 5);
+        let answer = ModelInferResponse::decode(&body[5..]).expect("an answer");
+        assert_eq!((answer.model_name.as_str(), answer.id.as_str()), ("echo", "call-1"));
+        assert_eq!(answer.outputs.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(), ["y"]);
+        assert_eq!(answer.raw_output_contents, [Bytes::from(row.clone())], "{pieces} pieces");
+    }
+
+    // A model that is not there: the one error table's NOT_FOUND (5), in a trailers-only answer.
+    let other = ModelInferRequest { model_name: "none".into(), ..Default::default() }.encode_to_vec();
+    let other = Bytes::from([&[0u8, 0, 0, 0, u8::try_from(other.len()).expect("small")][..], &other].concat());
+    let (_, _, code) = call_infer(&mut sender, &[], vec![other], false).await;
+    assert_eq!(code.as_deref(), Some("5"));
+    // Compressed: tonic's path, which takes no compression (UNIMPLEMENTED, 12).
+    let (_, _, code) = call_infer(&mut sender, &[("grpc-encoding", "gzip")], vec![whole.clone()], false).await;
+    assert_eq!(code.as_deref(), Some("12"));
+    // The compressed flag without an encoding, bytes that are no message, a second message: INTERNAL (13).
+    let flagged = Bytes::from([&[1u8][..], &whole[1..]].concat());
+    let garbage = Bytes::from_static(&[0, 0, 0, 0, 2, 0xff, 0xff]);
+    let twice = Bytes::from([&whole[..], &whole[..]].concat());
+    for (what, body) in [("flagged", flagged), ("garbage", garbage), ("twice", twice)] {
+        let (_, _, code) = call_infer(&mut sender, &[], vec![body], false).await;
+        assert_eq!(code.as_deref(), Some("13"), "{what}");
+    }
+    // Past --max-body-bytes (the default, 32 MiB, here): RESOURCE_EXHAUSTED (8) from the prefix, the body still open.
+    let past = Bytes::from_static(&[0, 0xff, 0xff, 0xff, 0xff]);
+    let call = call_infer(&mut sender, &[], vec![past], true);
+    let (_, _, code) = tokio::time::timeout(Duration::from_secs(10), call).await.expect("answered before the body");
+    assert_eq!(code.as_deref(), Some("8"));
 }
