@@ -280,10 +280,11 @@ async fn call_infer(
 }
 
 /// `ModelInfer` is read and answered past tonic's unary call (`unary`), over a real HTTP/2 connection: a message
-/// whole or in pieces gets the echo model's answer, and each refusal is the status tonic's path gives it (a
-/// compressed call still goes there, and is UNIMPLEMENTED); one past the limit is answered while its body is open.
+/// whole or in pieces gets the echo model's answer, and each refusal is the status tonic's path gives it but for a
+/// second message, INTERNAL here (a compressed call still goes to tonic's path, and is UNIMPLEMENTED); one past the
+/// limit is answered while its body is open.
 #[tokio::test]
-async fn model_infer_answers_whole_or_in_pieces_and_refuses_as_tonic_does() {
+async fn model_infer_answers_whole_or_in_pieces_and_refuses_bad_messages() {
     use prost::Message;
 
     use crate::codec::grpc::proto::model_infer_request::InferInputTensor;
@@ -321,8 +322,9 @@ async fn model_infer_answers_whole_or_in_pieces_and_refuses_as_tonic_does() {
     // A model that is not there: the one error table's NOT_FOUND (5), in a trailers-only answer.
     let other = ModelInferRequest { model_name: "none".into(), ..Default::default() }.encode_to_vec();
     let other = Bytes::from([&[0u8, 0, 0, 0, u8::try_from(other.len()).expect("small")][..], &other].concat());
-    let (_, _, code) = call_infer(&mut sender, &[], vec![other], false).await;
+    let (headers, _, code) = call_infer(&mut sender, &[], vec![other], false).await;
     assert_eq!(code.as_deref(), Some("5"));
+    assert!(headers.contains_key("grpc-status"), "not trailers-only: {headers:?}");
     // Compressed: tonic's path, which takes no compression (UNIMPLEMENTED, 12).
     let (_, _, code) = call_infer(&mut sender, &[("grpc-encoding", "gzip")], vec![whole.clone()], false).await;
     assert_eq!(code.as_deref(), Some("12"));

@@ -3,11 +3,12 @@
 //! tonic serves a unary RPC as a stream of one: a `Streaming` decoder over the body, a `Request` made from the
 //! HTTP parts (the headers turned into metadata), the handler's future boxed, and the answer encoded by a stream
 //! encoder that polls a one-item stream, then makes its trailers from a `Status`. For a small model's request that
-//! machinery was about a tenth of the instructions a gRPC request costs. Here the message is read from the body
-//! (kept as the body's own bytes when one chunk holds it, as a single-frame message does), decoded by prost, run
-//! through the same [`infer_counted`](super::service) as tonic's path, and answered with one data frame and the
-//! `grpc-status: 0` trailer. Every refusal is the status tonic gives for the same message, so a client sees no
-//! difference; a call whose message is compressed goes to tonic's path, which answers it as before.
+//! machinery was about one instruction in twenty of a gRPC request. Here the message is read from the body (kept as
+//! the body's own bytes when one chunk holds it, as a message in one frame does), decoded by prost, run through the
+//! same [`infer_counted`](super::service) as tonic's path, and answered with one data frame and the
+//! `grpc-status: 0` trailer. Each refusal is the status tonic gives the same message, but one: a second message in
+//! the call is INTERNAL, where tonic decoded it and dropped it. A call whose message is compressed goes to tonic's
+//! path, which answers it as before.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -60,58 +61,62 @@ pub async fn model_infer(state: AppState, max_message: usize, request: Request) 
 }
 
 /// The body's one message, without its prefix. A message whose prefix says more than `max_message` bytes is
-/// refused OUT_OF_RANGE as soon as the prefix is read (the gate words it as the server's limit); a compressed flag,
-/// a body that ends early or goes on past its message are INTERNAL, as tonic has them.
+/// refused OUT_OF_RANGE as soon as the prefix is read (the gate words it as the server's limit); a compressed flag
+/// and a body that ends early are INTERNAL, as tonic has them, and so is a body that goes on past its message
+/// (refused before the bytes past it are held).
 async fn read_message(mut body: Body, max_message: usize) -> Result<Bytes, Status> {
     // The first chunk as it came, until a second one has to be joined to it.
     let mut first = Bytes::new();
     let mut joined: Option<BytesMut> = None;
-    // The whole message's length with its prefix, once the prefix is in.
-    let mut whole: Option<usize> = None;
+    // Where the message ends, its prefix counted, once the prefix is in.
+    let mut end: Option<usize> = None;
+    let more = || Status::internal("protocol error: a unary call carries one message, and this one sent more");
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| Status::from_error(e.into()))?;
+        // Trailers are not the message, and an empty chunk (the frame that ends the stream, as many clients send
+        // it after the message) adds nothing to it.
         let Ok(chunk) = frame.into_data() else { continue };
-        let held = match joined.as_mut() {
-            None if first.is_empty() => {
-                first = chunk;
-                first.len()
-            }
-            None => {
-                let mut buffer = BytesMut::with_capacity(whole.unwrap_or(first.len() + chunk.len()));
-                buffer.extend_from_slice(&first);
-                buffer.extend_from_slice(&chunk);
-                first = Bytes::new();
-                joined.insert(buffer).len()
-            }
-            Some(buffer) => {
-                buffer.extend_from_slice(&chunk);
-                buffer.len()
-            }
-        };
-        if whole.is_none() && held >= PREFIX_BYTES {
-            let prefix = joined.as_deref().unwrap_or(&first);
-            let length = message_length(prefix, max_message)?;
-            let total = length + PREFIX_BYTES;
-            whole = Some(total);
-            if let Some(buffer) = joined.as_mut() {
-                buffer.reserve(total.saturating_sub(buffer.len()));
-            }
+        if chunk.is_empty() {
+            continue;
         }
-        if whole.is_some_and(|total| held > total) {
-            return Err(Status::internal("protocol error: a unary call carries one message, and this one sent more"));
+        let held = joined.as_ref().map_or(first.len(), BytesMut::len);
+        if end.is_some_and(|end| held + chunk.len() > end) {
+            return Err(more());
+        }
+        let held = if held == 0 {
+            first = chunk;
+            first.len()
+        } else {
+            let buffer = joined.get_or_insert_with(|| {
+                let mut buffer = BytesMut::with_capacity(end.unwrap_or(held + chunk.len()));
+                buffer.extend_from_slice(&std::mem::take(&mut first));
+                buffer
+            });
+            buffer.extend_from_slice(&chunk);
+            buffer.len()
+        };
+        if end.is_none() && held >= PREFIX_BYTES {
+            let message_end = message_end(joined.as_deref().unwrap_or(&first), max_message)?;
+            if held > message_end {
+                return Err(more());
+            }
+            end = Some(message_end);
+            if let Some(buffer) = joined.as_mut() {
+                buffer.reserve(message_end - buffer.len());
+            }
         }
     }
     let message = joined.map_or(first, BytesMut::freeze);
-    match whole {
+    match end {
         None if message.is_empty() => Err(Status::internal("Missing request message.")),
-        Some(total) if message.len() == total => Ok(message.slice(PREFIX_BYTES..)),
+        Some(end) if message.len() == end => Ok(message.slice(PREFIX_BYTES..)),
         _ => Err(Status::internal("Unexpected EOF decoding stream.")),
     }
 }
 
-/// The message length a prefix gives, checked as tonic checks it: the flag says uncompressed, the length is within
-/// `max_message`.
-fn message_length(prefix: &[u8], max_message: usize) -> Result<usize, Status> {
+/// Where the message a prefix starts ends, the prefix counted, checked as tonic checks it: the flag says
+/// uncompressed, the length is within `max_message`.
+fn message_end(prefix: &[u8], max_message: usize) -> Result<usize, Status> {
     match prefix[0] {
         0 => {}
         1 => {
@@ -127,12 +132,11 @@ fn message_length(prefix: &[u8], max_message: usize) -> Result<usize, Status> {
         }
     }
     let length = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
-    if length > max_message {
-        return Err(Status::out_of_range(format!(
+    length.checked_add(PREFIX_BYTES).filter(|_| length <= max_message).ok_or_else(|| {
+        Status::out_of_range(format!(
             "Error, decoded message length too large: found {length} bytes, the limit is: {max_message} bytes"
-        )));
-    }
-    Ok(length)
+        ))
+    })
 }
 
 /// The answer: `application/grpc`, the encoded message in one data frame, then `grpc-status: 0`.

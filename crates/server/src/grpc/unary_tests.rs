@@ -30,13 +30,16 @@ async fn a_message_in_one_chunk_is_that_chunk_without_a_copy() {
     let message = read(std::slice::from_ref(&whole)).await.expect("read");
     assert_eq!(&message[..], b"hello");
     assert_eq!(message.as_ptr(), whole[PREFIX_BYTES..].as_ptr(), "the message was copied");
+    // As many clients send it: the message, then an empty frame that ends the stream.
+    let message = read(&[whole.clone(), Bytes::new()]).await.expect("read");
+    assert_eq!(message.as_ptr(), whole[PREFIX_BYTES..].as_ptr(), "the message was copied");
 }
 
 #[tokio::test]
 async fn a_message_in_pieces_is_joined_wherever_they_split() {
     let whole = prefixed(0, b"a message in pieces");
-    for (a, b) in [(1, 3), (2, 5), (5, 6), (4, 20), (0, 24)] {
-        let chunks = [whole.slice(..a), whole.slice(a..b), whole.slice(b..)];
+    for (a, b) in [(1, 3), (2, 5), (5, 6), (4, 20), (0, 24), (0, 0), (3, 3)] {
+        let chunks = [whole.slice(..a), whole.slice(a..b), whole.slice(b..), Bytes::new()];
         let message = read(&chunks).await.unwrap_or_else(|e| panic!("{a}, {b}: {e}"));
         assert_eq!(&message[..], b"a message in pieces", "{a}, {b}");
     }
@@ -45,7 +48,7 @@ async fn a_message_in_pieces_is_joined_wherever_they_split() {
 }
 
 #[tokio::test]
-async fn a_body_that_is_not_one_whole_message_is_internal_as_tonic_has_it() {
+async fn a_body_that_is_not_one_whole_message_is_internal() {
     let cases: [(&[Bytes], &str); 5] = [
         (&[], "Missing request message."),
         (&[Bytes::from_static(&[0, 0, 0])], "Unexpected EOF decoding stream."),
@@ -58,6 +61,7 @@ async fn a_body_that_is_not_one_whole_message_is_internal_as_tonic_has_it() {
         assert_eq!(e.code(), tonic::Code::Internal, "{expected}");
         assert!(e.message().contains(expected), "{}", e.message());
     }
+    // A second message: tonic decoded it and dropped it; here it is refused, before its bytes are held.
     let two = [prefixed(0, b"one"), prefixed(0, b"two")];
     let e = read(&two).await.expect_err("two messages");
     assert!(e.code() == tonic::Code::Internal && e.message().contains("one message"), "{e}");
