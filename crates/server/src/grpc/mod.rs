@@ -68,7 +68,7 @@ pub fn app(state: AppState) -> impl GrpcApp {
     let inference = GrpcInferenceServiceServer::new(Inference { state: state.clone() })
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(usize::MAX);
-    let services = Services { inference, health: health::service(state.clone()), state: state.clone(), max_message };
+    let services = Services { inference, health: health::service(state.clone()), state: state.clone() };
     let panicked = || Status::internal("the request handler panicked").into_http();
     crate::layers::around(services, axum::middleware::from_fn_with_state(state, gate), panicked)
 }
@@ -97,8 +97,6 @@ struct Services {
     inference: GrpcInferenceServiceServer<Inference>,
     health: health::Server,
     state: AppState,
-    /// The largest message read: `--max-body-bytes`, as tonic's path has it.
-    max_message: usize,
 }
 
 /// The answer of either service, as both give it, and its future.
@@ -127,11 +125,7 @@ impl tower::Service<Request> for Services {
         }
         let path = request.uri().path();
         if path == UNARY_INFER && unary::read_here(request.headers()) {
-            return futures_util::future::Either::Right(Box::pin(unary::model_infer(
-                self.state.clone(),
-                self.max_message,
-                request,
-            )));
+            return futures_util::future::Either::Right(Box::pin(unary::model_infer(self.state.clone(), request)));
         }
         let inference = named::<GrpcInferenceServiceServer<Inference>>(path);
         let health = !inference && named::<health::Server>(path);
@@ -146,6 +140,10 @@ impl tower::Service<Request> for Services {
         futures_util::future::Either::Left(answer.map(|answer| answer.map(|response| response.map(Body::new))))
     }
 }
+
+/// A call's status, in its answer's trailers (or its headers, for a refusal made before any answer): a
+/// `HeaderName`, checked once, where tonic parses the name from a string on every lookup.
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
 /// The paths of the RPCs the gate treats apart.
 const UNARY_INFER: &str = "/inference.GRPCInferenceService/ModelInfer";
@@ -194,10 +192,10 @@ async fn gate(State(state): State<AppState>, mut request: Request, next: Next) -
     if let Some(refusal) = refused.as_ref().and_then(|r| r.get()) {
         return Status::from(refusal.clone()).into_http();
     }
-    // A unary message past the limit is refused by tonic (OUT_OF_RANGE) from its length prefix, before it is read.
+    // A unary message past the limit is refused OUT_OF_RANGE (by `unary`, or by tonic) from its length prefix,
+    // before it is read.
     // An answer's status is in its trailers: only a refusal has one in its headers. Looked up by a `HeaderName`
     // first, since tonic's lookup parses the name from a string on every call.
-    const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
     if !response.headers().contains_key(GRPC_STATUS) {
         return response;
     }

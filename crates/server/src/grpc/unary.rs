@@ -27,7 +27,7 @@ use prost::Message;
 use tonic::Status;
 
 use super::service::infer_counted;
-use super::Deadline;
+use super::{Deadline, GRPC_STATUS};
 use crate::budget::Hold;
 use crate::codec::grpc::proto::{ModelInferRequest, ModelInferResponse};
 use crate::state::AppState;
@@ -36,7 +36,6 @@ use crate::state::AppState;
 const PREFIX_BYTES: usize = 5;
 
 const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
-const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
 /// Whether a call is read here: its message is not compressed (no `grpc-encoding`, or `identity`). The server
 /// takes no compressed messages, and tonic's path answers such a call UNIMPLEMENTED with the encodings it takes.
@@ -44,11 +43,11 @@ pub fn read_here(headers: &HeaderMap) -> bool {
     headers.get(GRPC_ENCODING).is_none_or(|encoding| encoding.as_bytes() == b"identity")
 }
 
-/// Answers a `ModelInfer` call: its message is at most `max_message` bytes.
-pub async fn model_infer(state: AppState, max_message: usize, request: Request) -> Result<Response, Infallible> {
+/// Answers a `ModelInfer` call: its message is at most `--max-body-bytes`, as tonic's path has it.
+pub async fn model_infer(state: AppState, request: Request) -> Result<Response, Infallible> {
     let (parts, body) = request.into_parts();
     let answer = async {
-        let message = read_message(body, max_message).await?;
+        let message = read_message(body, state.max_body_bytes()).await?;
         // tonic's decoder maps prost's errors to INTERNAL, as gRPC's status codes ask of a message that won't parse.
         let message = ModelInferRequest::decode(message).map_err(|e| Status::internal(e.to_string()))?;
         // The gate's deadline and the message's hold on the in-flight budget, as tonic's request carries them.
