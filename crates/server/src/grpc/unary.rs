@@ -155,7 +155,8 @@ fn answered(answer: &ModelInferResponse) -> Result<Response, Status> {
     Ok(response)
 }
 
-/// An answer's body: its message, then its trailers.
+/// An answer's body: its message, then its trailers. Not `Full::with_trailers` (http-body-util): that body gives an
+/// exact size, and hyper then adds a `content-length` to the answer's headers, which tonic's answers never had.
 struct Answer {
     message: Option<Bytes>,
     trailers: Option<HeaderMap>,
